@@ -1,0 +1,236 @@
+//! The lease: claiming due messages, and fenced writes about them afterwards.
+//!
+//! Why a lease token and not just "the row is running": a worker can stall (a GC-like
+//! pause, a frozen VM, a partition from the database) past its lease, and another worker
+//! then takes the row over and sends it again. When the first worker wakes up, its view of
+//! the row is stale; if its completion were applied, it could overwrite the newer attempt's
+//! result (mark as dead a message the second worker delivered, or the reverse). Every write
+//! after the claim therefore names the token it was given, and matches zero rows once the
+//! token has changed: the stale worker's result is recorded as `lease_lost` in the history
+//! and changes nothing else.
+
+use std::time::{Duration, SystemTime};
+
+use tokio_postgres::GenericClient;
+use tokio_postgres::types::{ToSql, Type};
+use uuid::Uuid;
+
+use crate::deliver::Channel;
+use crate::queries;
+use crate::retry::ErrorClass;
+use crate::state::{AttemptOutcome, Transition};
+
+/// A message claimed by this worker for one attempt.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The message id.
+    pub id: i64,
+    /// The message key.
+    pub key: String,
+    /// Its channel.
+    pub channel: Channel,
+    /// The payload, as jsonb's text form.
+    pub payload: String,
+    /// The number of this attempt (1 for the first).
+    pub attempt: i32,
+    /// The whole attempt budget.
+    pub max_attempts: i32,
+    /// May an ambiguous failure be retried?
+    pub retry_ambiguous: bool,
+    /// The lease token every later write must present.
+    pub lease_token: Uuid,
+}
+
+/// A row picked by the claim whose previous lease had expired and that may not be sent
+/// again: it was dead-lettered by the claim itself (class `ambiguous`).
+#[derive(Debug, Clone)]
+pub struct GaveUp {
+    /// The message id.
+    pub id: i64,
+    /// The message key.
+    pub key: String,
+    /// Its channel.
+    pub channel: Channel,
+    /// The attempt whose lease expired.
+    pub attempt: i32,
+    /// The whole attempt budget.
+    pub max_attempts: i32,
+}
+
+/// What one claim statement returned.
+#[derive(Debug, Default)]
+pub struct ClaimBatch {
+    /// Messages to deliver now.
+    pub claimed: Vec<Claimed>,
+    /// Messages dead-lettered because their lease expired with no retry allowed.
+    pub gave_up: Vec<GaveUp>,
+}
+
+/// Claims up to `limit` due messages of `channels` for `worker`, leased for `lease`.
+pub async fn claim<C: GenericClient>(
+    client: &C,
+    channels: &[Channel],
+    limit: usize,
+    worker: &str,
+    lease: Duration,
+) -> Result<ClaimBatch, tokio_postgres::Error> {
+    let channels: Vec<&str> = channels.iter().map(|c| c.as_str()).collect();
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let lease_secs = lease.as_secs_f64();
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+        (&channels, Type::TEXT_ARRAY),
+        (&limit, Type::INT8),
+        (&worker, Type::TEXT),
+        (&lease_secs, Type::FLOAT8),
+    ];
+    let rows = client.query_typed(queries::CLAIM, &params).await?;
+    let mut batch = ClaimBatch::default();
+    for row in rows {
+        let channel: &str = row.get("channel");
+        // The CHECK constraint admits only known channels; skip defensively otherwise.
+        let Some(channel) = Channel::parse(channel) else {
+            continue;
+        };
+        let action: &str = row.get("action");
+        if action == "gave_up" {
+            batch.gave_up.push(GaveUp {
+                id: row.get("id"),
+                key: row.get("message_key"),
+                channel,
+                attempt: row.get("attempts"),
+                max_attempts: row.get("max_attempts"),
+            });
+            continue;
+        }
+        batch.claimed.push(Claimed {
+            id: row.get("id"),
+            key: row.get("message_key"),
+            channel,
+            payload: row.get("payload"),
+            attempt: row.get("attempts"),
+            max_attempts: row.get("max_attempts"),
+            retry_ambiguous: row.get("retry_ambiguous"),
+            lease_token: row.get("lease_token"),
+        });
+    }
+    Ok(batch)
+}
+
+/// The end of one attempt, ready to be written.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// The message id.
+    pub id: i64,
+    /// The lease token from the claim.
+    pub lease_token: Uuid,
+    /// The number of this attempt.
+    pub attempt: i32,
+    /// What [`crate::state::decide`] made of the result.
+    pub transition: Transition,
+    /// One safe line, when it failed.
+    pub error: Option<String>,
+    /// HTTP status or SMTP code.
+    pub status: Option<i32>,
+    /// The provider deduplicated it.
+    pub deduplicated: bool,
+    /// Summary of the provider's answer.
+    pub response: Option<serde_json::Value>,
+    /// When the attempt started.
+    pub started_at: SystemTime,
+}
+
+/// Writes many completions in one statement; returns the outcome recorded for each
+/// message id (`lease_lost` where the lease had been taken over).
+pub async fn complete<C: GenericClient>(
+    client: &C,
+    worker: &str,
+    batch: &[Completion],
+) -> Result<Vec<(i64, AttemptOutcome)>, tokio_postgres::Error> {
+    let n = batch.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut tokens = Vec::with_capacity(n);
+    let mut states = Vec::with_capacity(n);
+    let mut delays = Vec::with_capacity(n);
+    let mut classes: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut responses: Vec<Option<&serde_json::Value>> = Vec::with_capacity(n);
+    let mut attempts = Vec::with_capacity(n);
+    let mut outcomes = Vec::with_capacity(n);
+    let mut statuses = Vec::with_capacity(n);
+    let mut dedup = Vec::with_capacity(n);
+    let mut started = Vec::with_capacity(n);
+    for c in batch {
+        ids.push(c.id);
+        tokens.push(c.lease_token);
+        states.push(c.transition.next_state().as_str());
+        delays.push(match c.transition {
+            Transition::Retry { delay, .. } => delay.as_secs_f64(),
+            _ => 0.0,
+        });
+        classes.push(c.transition.error_class().map(ErrorClass::as_str));
+        errors.push(c.error.as_deref());
+        responses.push(c.response.as_ref());
+        attempts.push(c.attempt);
+        outcomes.push(c.transition.outcome().as_str());
+        statuses.push(c.status);
+        dedup.push(c.deduplicated);
+        started.push(c.started_at);
+    }
+    let params: [(&(dyn ToSql + Sync), Type); 13] = [
+        (&ids, Type::INT8_ARRAY),
+        (&tokens, Type::UUID_ARRAY),
+        (&states, Type::TEXT_ARRAY),
+        (&delays, Type::FLOAT8_ARRAY),
+        (&classes, Type::TEXT_ARRAY),
+        (&errors, Type::TEXT_ARRAY),
+        (&responses, Type::JSONB_ARRAY),
+        (&attempts, Type::INT4_ARRAY),
+        (&outcomes, Type::TEXT_ARRAY),
+        (&statuses, Type::INT4_ARRAY),
+        (&dedup, Type::BOOL_ARRAY),
+        (&started, Type::TIMESTAMPTZ_ARRAY),
+        (&worker, Type::TEXT),
+    ];
+    let rows = client.query_typed(queries::COMPLETE, &params).await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let outcome: &str = r.get(1);
+            let outcome = AttemptOutcome::ALL
+                .into_iter()
+                .find(|o| o.as_str() == outcome)
+                .unwrap_or(AttemptOutcome::LeaseLost);
+            (r.get(0), outcome)
+        })
+        .collect())
+}
+
+/// Gives back claimed messages this worker will not start (`released`, attempt not
+/// counted). Returns the ids released (those whose lease was still ours).
+pub async fn release<C: GenericClient>(
+    client: &C,
+    worker: &str,
+    rows: &[(i64, Uuid)],
+) -> Result<Vec<i64>, tokio_postgres::Error> {
+    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let tokens: Vec<Uuid> = rows.iter().map(|r| r.1).collect();
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&ids, Type::INT8_ARRAY),
+        (&tokens, Type::UUID_ARRAY),
+        (&worker, Type::TEXT),
+    ];
+    let rows = client.query_typed(queries::RELEASE, &params).await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// True while anything of `channels` is pending or running.
+pub async fn has_unfinished<C: GenericClient>(
+    client: &C,
+    channels: &[Channel],
+) -> Result<bool, tokio_postgres::Error> {
+    let channels: Vec<&str> = channels.iter().map(|c| c.as_str()).collect();
+    let row = client
+        .query_typed_one(queries::HAS_UNFINISHED, &[(&channels, Type::TEXT_ARRAY)])
+        .await?;
+    Ok(row.get(0))
+}

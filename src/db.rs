@@ -1,0 +1,56 @@
+//! Connections: the worker's pool, and single connections for the CLI and LISTEN.
+//!
+//! TLS to PostgreSQL is not supported yet (NoTls): run the worker next to its database or
+//! over a trusted network.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::{Client, NoTls};
+
+use crate::config::ConfigError;
+
+/// Parses `DATABASE_URL` (a `postgres://` URL or a libpq key=value string).
+pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, ConfigError> {
+    let mut cfg = tokio_postgres::Config::from_str(url)
+        .map_err(|e| ConfigError(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}")))?;
+    if cfg.get_application_name().is_none() {
+        cfg.application_name("outboxd");
+    }
+    if cfg.get_connect_timeout().is_none() {
+        cfg.connect_timeout(Duration::from_secs(10));
+    }
+    Ok(cfg)
+}
+
+/// A pool of `size` connections. Broken connections (a database restart) are dropped on
+/// return and replaced on the next checkout, which is how the worker reconnects.
+pub fn pool(cfg: tokio_postgres::Config, size: usize) -> Result<Pool, ConfigError> {
+    let mgr = Manager::from_config(
+        cfg,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(mgr)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(30)))
+        .create_timeout(Some(Duration::from_secs(10)))
+        .recycle_timeout(Some(Duration::from_secs(5)))
+        .build()
+        .map_err(|e| ConfigError(format!("cannot build the connection pool: {e}")))
+}
+
+/// One connection, its driver spawned on the runtime.
+pub async fn connect(cfg: &tokio_postgres::Config) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = cfg.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "database connection closed");
+        }
+    });
+    Ok(client)
+}

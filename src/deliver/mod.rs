@@ -1,0 +1,142 @@
+//! Channels: how a claimed message reaches its provider.
+//!
+//! Each channel turns a payload into one network call and classes the result at the
+//! transport boundary, keeping the cause: a [`DeliveryError`] carries its
+//! [`ErrorClass`], so the worker never inspects transport errors itself. The delivery code
+//! never touches SQL and never holds a database transaction.
+
+pub mod guard;
+pub mod webhook;
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::retry::ErrorClass;
+
+/// The `channel` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Channel {
+    /// An HTTP request to a URL in the payload.
+    Webhook,
+    /// An e-mail through the configured SMTP relay.
+    Email,
+}
+
+impl Channel {
+    /// Every channel.
+    pub const ALL: [Channel; 2] = [Channel::Webhook, Channel::Email];
+
+    /// The text stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Channel::Webhook => "webhook",
+            Channel::Email => "email",
+        }
+    }
+
+    /// Parses the text stored in the database or given on the command line.
+    pub fn parse(s: &str) -> Option<Channel> {
+        Channel::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
+impl fmt::Display for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a provider answered to an accepted message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivered {
+    /// HTTP status or SMTP reply code.
+    pub status: Option<i32>,
+    /// The provider said it had already seen this key (`Idempotent-Replayed: true`).
+    pub deduplicated: bool,
+    /// A summary for the `response` column (status, message id, replayed flag); never a body.
+    pub response: serde_json::Value,
+}
+
+/// A failed attempt, classed where it happened.
+///
+/// `message` is one line safe to store and log: it never contains a payload, a header value,
+/// a password, or a URL's path or query.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct DeliveryError {
+    /// What another attempt would cost.
+    pub class: ErrorClass,
+    /// HTTP status or SMTP reply code, when the provider answered.
+    pub status: Option<i32>,
+    /// The provider's `Retry-After`, when it gave one.
+    pub retry_after: Option<Duration>,
+    /// A summary for the `response` column, when the provider answered.
+    pub response: Option<serde_json::Value>,
+    /// One safe line.
+    pub message: String,
+    /// The transport error behind it, for debugging in-process; never stored.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl DeliveryError {
+    /// A failure of the given class with a safe one-line message.
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> Self {
+        DeliveryError {
+            class,
+            status: None,
+            retry_after: None,
+            response: None,
+            message: one_line(&message.into()),
+            source: None,
+        }
+    }
+
+    /// The payload is unusable: dead at once, no network call.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        DeliveryError::new(ErrorClass::Invalid, message)
+    }
+}
+
+/// Collapses a message to one line of at most 500 characters.
+pub fn one_line(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(500)
+        .collect();
+    out.truncate(out.trim_end().len());
+    out
+}
+
+/// A claimed message as a channel sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    /// The message key: sent as the idempotency key.
+    pub key: &'a str,
+    /// The payload, as jsonb's text form.
+    pub payload: &'a str,
+}
+
+/// The channels a worker can deliver on.
+#[derive(Debug, Clone)]
+pub struct Deliverers {
+    /// Webhook delivery (always available).
+    pub webhook: webhook::WebhookSender,
+}
+
+impl Deliverers {
+    /// Sends one message on its channel.
+    pub async fn deliver(
+        &self,
+        channel: Channel,
+        msg: Outgoing<'_>,
+    ) -> Result<Delivered, DeliveryError> {
+        match channel {
+            Channel::Webhook => self.webhook.send(msg).await,
+            Channel::Email => Err(DeliveryError::invalid(
+                "the email channel is not configured on this worker",
+            )),
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! Enqueueing from Rust, inside the application's own transaction.
+//!
+//! The rules are the SQL function's (`outbox.enqueue_row`, in `sql/0001_outbox.sql`): this
+//! module only binds parameters and turns the database's answers into typed errors, so the
+//! SQL and Rust paths cannot disagree.
+
+use std::time::SystemTime;
+
+use serde_json::Value;
+use tokio_postgres::GenericClient;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+
+use crate::deliver::Channel;
+use crate::queries;
+
+/// A message to enqueue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewMessage {
+    key: String,
+    channel: Channel,
+    payload: Value,
+    run_after: Option<SystemTime>,
+    max_attempts: i32,
+    retry_ambiguous: bool,
+}
+
+impl NewMessage {
+    /// A webhook: `{"url": …, "method": …, "headers": {…}, "body": …}`.
+    pub fn webhook(key: impl Into<String>, payload: Value) -> Self {
+        NewMessage::new(key, Channel::Webhook, payload)
+    }
+
+    /// An e-mail: `{"from": …, "to": […], "subject": …, "text": …, "html": …}`.
+    pub fn email(key: impl Into<String>, payload: Value) -> Self {
+        NewMessage::new(key, Channel::Email, payload)
+    }
+
+    /// A message on any channel.
+    pub fn new(key: impl Into<String>, channel: Channel, payload: Value) -> Self {
+        NewMessage {
+            key: key.into(),
+            channel,
+            payload,
+            run_after: None,
+            max_attempts: 3,
+            retry_ambiguous: true,
+        }
+    }
+
+    /// The whole attempt budget, the first attempt included (default 3; 1 = never retry).
+    pub fn max_attempts(mut self, n: i32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// May an attempt whose outcome is unknown be retried (default true)?
+    pub fn retry_ambiguous(mut self, allow: bool) -> Self {
+        self.retry_ambiguous = allow;
+        self
+    }
+
+    /// Not before this time (default: as soon as the transaction commits).
+    pub fn run_after(mut self, at: SystemTime) -> Self {
+        self.run_after = Some(at);
+        self
+    }
+
+    /// The message key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The channel.
+    pub fn channel(&self) -> Channel {
+        self.channel
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &Value {
+        &self.payload
+    }
+}
+
+/// The result of an enqueue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The message's id.
+    pub id: i64,
+    /// False when the key already existed with the same channel and payload (nothing was
+    /// inserted).
+    pub created: bool,
+}
+
+/// Why an enqueue was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    /// The key already names a message with another channel or payload (SQLSTATE `OB409`).
+    /// The existing row is untouched.
+    #[error("{message}")]
+    KeyConflict {
+        /// The key.
+        key: String,
+        /// The database's message, naming the key.
+        message: String,
+    },
+    /// Bad input (SQLSTATE `22023`); nothing was inserted.
+    #[error("{message}")]
+    Invalid {
+        /// The offending field (`message_key`, `channel`, `payload.url`, …).
+        field: String,
+        /// The database's message, naming the field.
+        message: String,
+    },
+    /// Any other database error (connection lost, permission denied, …).
+    #[error("database error: {0}")]
+    Database(#[source] tokio_postgres::Error),
+}
+
+impl EnqueueError {
+    fn from_db(err: tokio_postgres::Error, key: &str) -> Self {
+        let Some(db) = err.as_db_error() else {
+            return EnqueueError::Database(err);
+        };
+        if db.code().code() == "OB409" {
+            EnqueueError::KeyConflict {
+                key: key.to_owned(),
+                message: db.message().to_owned(),
+            }
+        } else if *db.code() == SqlState::INVALID_PARAMETER_VALUE {
+            EnqueueError::Invalid {
+                field: db.column().unwrap_or("").to_owned(),
+                message: db.message().to_owned(),
+            }
+        } else {
+            EnqueueError::Database(err)
+        }
+    }
+}
+
+/// Enqueues one message through `client` (a `Client` or the caller's `Transaction`);
+/// does not commit.
+pub async fn enqueue<C: GenericClient>(
+    client: &C,
+    msg: &NewMessage,
+) -> Result<Enqueued, EnqueueError> {
+    let channel = msg.channel.as_str();
+    // query_typed sends parse, bind and execute together: one round trip, no prepare.
+    let params: [(&(dyn ToSql + Sync), Type); 6] = [
+        (&msg.key, Type::TEXT),
+        (&channel, Type::TEXT),
+        (&msg.payload, Type::JSONB),
+        (&msg.run_after, Type::TIMESTAMPTZ),
+        (&msg.max_attempts, Type::INT4),
+        (&msg.retry_ambiguous, Type::BOOL),
+    ];
+    let rows = client
+        .query_typed(queries::ENQUEUE, &params)
+        .await
+        .map_err(|e| EnqueueError::from_db(e, &msg.key))?;
+    let row = rows.first().ok_or_else(|| EnqueueError::Invalid {
+        field: String::new(),
+        message: "outbox.enqueue_row returned no row".into(),
+    })?;
+    Ok(Enqueued {
+        id: row.get(0),
+        created: row.get(1),
+    })
+}
+
+/// Enqueues many messages in one statement (one round trip), all or nothing, with the rules
+/// of [`enqueue`] for each, in order. Returns one [`Enqueued`] per message. Does not commit.
+pub async fn enqueue_many<C: GenericClient>(
+    client: &C,
+    msgs: &[NewMessage],
+) -> Result<Vec<Enqueued>, EnqueueError> {
+    if msgs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<&str> = msgs.iter().map(|m| m.key.as_str()).collect();
+    let channels: Vec<&str> = msgs.iter().map(|m| m.channel.as_str()).collect();
+    let payloads: Vec<&Value> = msgs.iter().map(|m| &m.payload).collect();
+    let run_afters: Vec<Option<SystemTime>> = msgs.iter().map(|m| m.run_after).collect();
+    let max_attempts: Vec<i32> = msgs.iter().map(|m| m.max_attempts).collect();
+    let retry_ambiguous: Vec<bool> = msgs.iter().map(|m| m.retry_ambiguous).collect();
+    let params: [(&(dyn ToSql + Sync), Type); 6] = [
+        (&keys, Type::TEXT_ARRAY),
+        (&channels, Type::TEXT_ARRAY),
+        (&payloads, Type::JSONB_ARRAY),
+        (&run_afters, Type::TIMESTAMPTZ_ARRAY),
+        (&max_attempts, Type::INT4_ARRAY),
+        (&retry_ambiguous, Type::BOOL_ARRAY),
+    ];
+    let rows = client
+        .query_typed(queries::ENQUEUE_MANY, &params)
+        .await
+        .map_err(|e| {
+            // The database names the key in OB409's message; report the first duplicate we can.
+            let key = e
+                .as_db_error()
+                .and_then(|db| {
+                    keys.iter()
+                        .find(|k| db.message().contains(&format!("'{k}'")))
+                })
+                .map(|k| (*k).to_owned())
+                .unwrap_or_default();
+            EnqueueError::from_db(e, &key)
+        })?;
+    Ok(rows
+        .iter()
+        .map(|r| Enqueued {
+            id: r.get(0),
+            created: r.get(1),
+        })
+        .collect())
+}

@@ -1,0 +1,44 @@
+//! outboxd: a transactional outbox for e-mails and webhooks on PostgreSQL.
+//!
+//! Applications write *intent rows* into `outbox.messages` in the same transaction as their
+//! business state ([`enqueue`], or `outbox.enqueue(...)` from SQL). A worker ([`worker`])
+//! claims due rows under a lease, sends each with its stable key so providers can
+//! deduplicate, and records the result: delivered, retried later, or dead-lettered.
+//! Delivery is at least once; the key makes "more than once" harmless to a receiver that
+//! honours it.
+//!
+//! # Layout
+//!
+//! * [`migrate`]: the SQL files in `sql/`, embedded, applied in order under an advisory lock.
+//! * [`enqueue`]: the library face applications call inside their own transaction.
+//! * [`queries`]: every runtime SQL statement, each with its contract.
+//! * [`claim`]: the lease: claiming due rows, completing attempts fenced by the lease token,
+//!   releasing unstarted rows.
+//! * [`state`]: the state machine: states, outcomes and the one function ([`state::decide`])
+//!   that maps an attempt's result to the next state.
+//! * [`retry`]: error classes and the retry schedule.
+//! * [`deliver`]: the channels; [`deliver::webhook`] sends HTTP requests, [`deliver::guard`]
+//!   keeps them off private networks.
+//! * [`worker`]: the loop: claim, deliver with bounded concurrency, complete in batches.
+//! * [`status`]: counts for operators.
+//! * [`cli`]: the command line (the binary is a thin `main` around it).
+//! * [`config`]: the worker's settings, parsed and validated once at start-up.
+//! * [`db`]: connections and the pool.
+
+pub mod claim;
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod deliver;
+pub mod enqueue;
+pub mod migrate;
+pub mod queries;
+pub mod retry;
+pub mod state;
+pub mod status;
+pub mod worker;
+
+pub use deliver::Channel;
+pub use enqueue::{EnqueueError, Enqueued, NewMessage, enqueue, enqueue_many};
+pub use retry::ErrorClass;
+pub use state::State;

@@ -1,0 +1,75 @@
+//! The `outboxd` binary: parse, set up logging, dispatch, map errors to exit codes.
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use clap::error::ErrorKind;
+use outboxd::cli::{Cli, Command, Env};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            return match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = e.print();
+                    ExitCode::SUCCESS
+                }
+                _ => {
+                    // One line: clap's first line names the problem; the usage block
+                    // that follows it is what --help is for.
+                    let text = e.to_string();
+                    let first = text
+                        .lines()
+                        .find(|l| !l.trim().is_empty())
+                        .unwrap_or("error: bad usage");
+                    eprintln!("{} (see outboxd --help)", first.trim_end());
+                    ExitCode::from(2)
+                }
+            };
+        }
+    };
+    let daemon = matches!(cli.command, Command::Run(_));
+    if let Err(e) = init_logging(daemon) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(outboxd::cli::dispatch(cli, Env::from_process())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", outboxd::deliver::one_line(&format!("{e:#}")));
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Logs to stderr: text by default, JSON with `OUTBOXD_LOG_FORMAT=json`; `RUST_LOG` filters
+/// (default `info` for the daemon, `warn` for one-shot commands).
+fn init_logging(daemon: bool) -> anyhow::Result<()> {
+    use tracing_subscriber::EnvFilter;
+    let default = if daemon { "info" } else { "warn" };
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.is_empty() => EnvFilter::try_new(&v)
+            .map_err(|e| anyhow::anyhow!("RUST_LOG is not a valid filter: {e}"))?,
+        _ => EnvFilter::new(default),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match std::env::var("OUTBOXD_LOG_FORMAT").as_deref() {
+        Ok("json") => builder.json().init(),
+        Ok("text") | Err(_) | Ok("") => builder.init(),
+        Ok(other) => anyhow::bail!("OUTBOXD_LOG_FORMAT must be text or json (got {other:?})"),
+    }
+    Ok(())
+}

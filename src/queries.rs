@@ -1,0 +1,209 @@
+//! Every statement the runtime sends, in one place, each with its contract.
+//!
+//! Migrations live in `sql/`; these are the queries of the running system. Nothing else in
+//! the crate writes SQL text (the enqueue functions, the migration runner and the worker all
+//! take their statements from here), and each one is exercised against a real database by
+//! the integration tests.
+
+/// Claim: lease up to `$2` due messages of the channels `$1` for worker `$3`, for `$4`
+/// seconds, in one short committed statement.
+///
+/// Candidates are `pending` rows whose `run_after` has passed, and `running` rows whose lease
+/// expired (their worker died or stalled), the expired first. `FOR UPDATE SKIP LOCKED` lets
+/// any number of workers claim concurrently without ever returning one row twice.
+///
+/// A claimed row becomes `running` with `attempts + 1` and a fresh random lease token; every
+/// later write about this attempt must present that token (see [`COMPLETE`]).
+///
+/// An expired lease means the previous attempt's outcome is unknown: it is recorded as
+/// `lease_lost` (class `ambiguous`) in the history, and if the message does not allow
+/// ambiguous retries or has no attempt left, it is dead-lettered here (`dead`, class
+/// `ambiguous`, returned with `action = 'gave_up'`) instead of being sent once more.
+///
+/// Returns one row per picked message: `id, message_key, channel, payload (text), attempts
+/// (the number of this attempt), max_attempts, retry_ambiguous, lease_token, action` where
+/// action is `run` or `gave_up`.
+pub const CLAIM: &str = r#"
+WITH expired AS (
+    SELECT id FROM outbox.messages
+    WHERE state = 'running' AND lease_expires_at <= now() AND channel = ANY($1::text[])
+    ORDER BY lease_expires_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT id FROM outbox.messages
+    WHERE state = 'pending' AND run_after <= now() AND channel = ANY($1::text[])
+    ORDER BY run_after, id
+    LIMIT greatest($2 - (SELECT count(*) FROM expired), 0)
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT m.id,
+           m.state = 'running' AS expired,
+           m.state = 'running' AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts) AS give_up,
+           m.attempts AS prev_attempt,
+           m.lease_owner AS prev_owner,
+           m.updated_at AS prev_started
+    FROM outbox.messages m
+    WHERE m.id IN (SELECT id FROM expired UNION ALL SELECT id FROM due)
+), lost AS (
+    INSERT INTO outbox.attempts
+        (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
+    SELECT id, prev_attempt, prev_owner, prev_started, now(),
+           CASE WHEN give_up THEN 'dead' ELSE 'lease_lost' END, 'ambiguous',
+           'lease expired while running: the attempt may have taken effect'
+    FROM picked WHERE expired
+)
+UPDATE outbox.messages m SET
+    state            = CASE WHEN p.give_up THEN 'dead' ELSE 'running' END,
+    attempts         = CASE WHEN p.give_up THEN m.attempts ELSE m.attempts + 1 END,
+    lease_owner      = CASE WHEN p.give_up THEN NULL ELSE $3::text END,
+    lease_token      = CASE WHEN p.give_up THEN NULL ELSE gen_random_uuid() END,
+    lease_expires_at = CASE WHEN p.give_up THEN NULL
+                            ELSE now() + make_interval(secs => $4::float8) END,
+    error_class      = CASE WHEN p.give_up THEN 'ambiguous'
+                            WHEN p.expired THEN 'ambiguous' ELSE m.error_class END,
+    last_error       = CASE WHEN p.expired
+                            THEN 'lease expired while running: the attempt may have taken effect'
+                            ELSE m.last_error END,
+    dead_at          = CASE WHEN p.give_up THEN now() END,
+    updated_at       = now()
+FROM picked p
+WHERE m.id = p.id
+RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts,
+          m.max_attempts, m.retry_ambiguous, m.lease_token,
+          CASE WHEN p.give_up THEN 'gave_up' ELSE 'run' END AS action
+"#;
+
+/// Complete: record the end of many attempts in one statement, each fenced by its lease.
+///
+/// Inputs are parallel arrays, one element per finished attempt: `$1` ids, `$2` lease
+/// tokens, `$3` next states (`delivered`, `pending`, `dead`), `$4` delays in seconds before
+/// a retry (ignored unless pending), `$5` error classes, `$6` one-line errors, `$7` response
+/// summaries, `$8` attempt numbers, `$9` attempt outcomes, `$10` status codes, `$11`
+/// deduplicated flags, `$12` start times; `$13` is the worker id.
+///
+/// A message is changed only if it is still `running` under the same lease token: a worker
+/// whose lease expired and was taken over changes nothing. Its attempt row is still written,
+/// with outcome `lease_lost`, so the history shows what the stale worker saw. Returns
+/// `message_id, outcome` for every attempt row written.
+pub const COMPLETE: &str = r#"
+WITH input AS (
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
+                         $6::text[], $7::jsonb[], $8::int[], $9::text[], $10::int[],
+                         $11::bool[], $12::timestamptz[])
+        AS t(id, token, state, delay, error_class, error, response, attempt, outcome, status,
+             deduplicated, started_at)
+), done AS (
+    UPDATE outbox.messages m SET
+        state            = i.state,
+        run_after        = CASE WHEN i.state = 'pending'
+                                THEN now() + make_interval(secs => i.delay)
+                                ELSE m.run_after END,
+        lease_owner      = NULL,
+        lease_token      = NULL,
+        lease_expires_at = NULL,
+        error_class      = i.error_class,
+        last_error       = i.error,
+        response         = coalesce(i.response, m.response),
+        delivered_at     = CASE WHEN i.state = 'delivered' THEN now() END,
+        dead_at          = CASE WHEN i.state = 'dead' THEN now() END,
+        updated_at       = now()
+    FROM input i
+    WHERE m.id = i.id AND m.state = 'running' AND m.lease_token = i.token
+    RETURNING m.id
+)
+INSERT INTO outbox.attempts
+    (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error, status,
+     deduplicated)
+SELECT i.id, i.attempt, $13::text, i.started_at, now(),
+       CASE WHEN d.id IS NULL THEN 'lease_lost' ELSE i.outcome END,
+       i.error_class, i.error, i.status, i.deduplicated
+FROM input i
+LEFT JOIN done d ON d.id = i.id
+WHERE EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = i.id)
+RETURNING message_id, outcome
+"#;
+
+/// Release: give back claimed messages this worker will not start (shutdown), fenced by
+/// lease token. The attempt is not counted (`attempts - 1`) and the row is due at once; a
+/// `released` row goes into the history. `$1` ids, `$2` tokens, `$3` worker id. Returns the
+/// ids released.
+pub const RELEASE: &str = r#"
+WITH input AS (
+    SELECT * FROM unnest($1::bigint[], $2::uuid[]) AS t(id, token)
+), released AS (
+    UPDATE outbox.messages m SET
+        state = 'pending', attempts = m.attempts - 1, lease_owner = NULL, lease_token = NULL,
+        lease_expires_at = NULL, updated_at = now()
+    FROM input i
+    WHERE m.id = i.id AND m.state = 'running' AND m.lease_token = i.token
+    RETURNING m.id, m.attempts + 1 AS attempt
+)
+INSERT INTO outbox.attempts (message_id, attempt, worker, started_at, finished_at, outcome)
+SELECT id, attempt, $3::text, now(), now(), 'released' FROM released
+RETURNING message_id
+"#;
+
+/// Is there anything left for these channels (`$1`)? True while any message is `pending`
+/// (due or not) or `running`: what `--drain` waits for.
+pub const HAS_UNFINISHED: &str = r#"
+SELECT EXISTS (
+    SELECT 1 FROM outbox.messages
+    WHERE state IN ('pending', 'running') AND channel = ANY($1::text[])
+)
+"#;
+
+/// Status: message counts by channel and state.
+pub const STATUS_COUNTS: &str = r#"
+SELECT channel, state, count(*)::bigint AS n
+FROM outbox.messages
+GROUP BY channel, state
+"#;
+
+/// Status: seconds since the `run_after` of the oldest due pending message; 0 when none is
+/// due.
+pub const OLDEST_DUE_SECONDS: &str = r#"
+SELECT coalesce(extract(epoch FROM now() - min(run_after)), 0)::float8
+FROM outbox.messages
+WHERE state = 'pending' AND run_after <= now()
+"#;
+
+/// Enqueue one message; the rules are those of `outbox.enqueue_row` (see
+/// `sql/0001_outbox.sql`). Returns `id, created`.
+pub const ENQUEUE: &str = r#"
+SELECT id, created FROM outbox.enqueue_row($1::text, $2::text, $3::jsonb,
+    coalesce($4::timestamptz, now()), $5::int, $6::bool)
+"#;
+
+/// Enqueue many messages in one statement, all or nothing; the rules are those of
+/// `outbox.enqueue_many`. Returns `id, created` per message, in input order.
+pub const ENQUEUE_MANY: &str = r#"
+SELECT id, created FROM outbox.enqueue_many($1::text[], $2::text[], $3::jsonb[],
+    $4::timestamptz[], $5::int[], $6::bool[])
+"#;
+
+/// Migrations: the lock that serialises concurrent `outboxd migrate` runs (a session-level
+/// advisory lock on a fixed key, "outbox" in ASCII).
+pub const MIGRATE_LOCK: &str = "SELECT pg_advisory_lock(111542170367864)";
+
+/// Migrations: release [`MIGRATE_LOCK`].
+pub const MIGRATE_UNLOCK: &str = "SELECT pg_advisory_unlock(111542170367864)";
+
+/// Migrations: the ledger, created before the first file runs.
+pub const MIGRATE_LEDGER: &str = r#"
+CREATE SCHEMA IF NOT EXISTS outbox;
+CREATE TABLE IF NOT EXISTS outbox.schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+"#;
+
+/// Migrations: what has been applied (`version, name, checksum`).
+pub const MIGRATE_APPLIED: &str =
+    "SELECT version, name, checksum FROM outbox.schema_migrations ORDER BY version";
+
+/// Migrations: record one applied file (`$1` version, `$2` name, `$3` checksum).
+pub const MIGRATE_RECORD: &str =
+    "INSERT INTO outbox.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)";

@@ -1,0 +1,591 @@
+//! The worker loop: claim, deliver with bounded concurrency, complete in batches.
+//!
+//! ```text
+//!   claim loop ──(Claimed)──▶ delivery tasks (≤ concurrency) ──(Done)──▶ completer
+//!       ▲                                                                  │
+//!       └────────────── wake: LISTEN, a freed slot, poll interval ◀────────┘
+//! ```
+//!
+//! * The claim loop asks for as many rows as it has free slots (at most `batch_size`), in
+//!   one short committed statement; no transaction is open while a message is being sent.
+//! * Each delivery runs in its own task holding a semaphore permit; its result goes through
+//!   [`decide`] and then to the completer.
+//! * The completer writes every completion that is waiting in one fenced statement, so
+//!   batching grows with load and costs no latency when idle.
+//!
+//! Database errors anywhere are logged and retried with back-off; nothing is dropped.
+//! A completion that cannot be written before the process exits is not lost either: the
+//! row stays `running`, its lease expires, and the next claim records the attempt as
+//! ambiguous.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use deadpool_postgres::Pool;
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::claim::{self, Claimed, Completion};
+use crate::config::WorkerConfig;
+use crate::deliver::{Channel, Deliverers, Outgoing};
+use crate::retry::ErrorClass;
+use crate::state::{AttemptOutcome, Budget, decide};
+
+/// Counts of what a run did, returned when it stops.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Attempts that delivered.
+    pub delivered: u64,
+    /// Attempts that failed and were scheduled again.
+    pub retried: u64,
+    /// Attempts (and expired leases) that dead-lettered a message.
+    pub dead: u64,
+    /// Attempts whose result was not recorded because the lease had been taken over.
+    pub lease_lost: u64,
+    /// Claimed messages given back unstarted at shutdown.
+    pub released: u64,
+}
+
+/// Why the worker stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A task of the worker panicked (a bug).
+    #[error("worker task failed: {0}")]
+    Task(String),
+}
+
+/// What a delivery task hands to the completer.
+enum Done {
+    Completed(Completion, AttemptLog),
+    Released(i64, Uuid),
+}
+
+/// What the attempt's log event needs beyond the completion.
+struct AttemptLog {
+    key: String,
+    channel: Channel,
+    max_attempts: i32,
+    duration: Duration,
+}
+
+/// State shared by the loop, the delivery tasks and the completer.
+struct Shared {
+    cfg: WorkerConfig,
+    pool: Pool,
+    deliverers: Deliverers,
+    /// Wakes the claim loop: a notification, a freed slot, a flushed completion.
+    wake: Notify,
+    /// Claimed and not yet completed or released (in the database's view: rows we lease).
+    inflight: AtomicUsize,
+    /// Set at shutdown: tasks that have not started release their row instead.
+    stopping: CancellationToken,
+    summary: Mutex<RunSummary>,
+}
+
+/// A worker: a pool, settings, and the channels it delivers on.
+pub struct Worker {
+    shared: Arc<Shared>,
+    listen: Option<tokio_postgres::Config>,
+}
+
+impl Worker {
+    /// A worker using `pool` for claims and completions. `listen`: connection settings for
+    /// the LISTEN connection (None polls only).
+    pub fn new(
+        pool: Pool,
+        cfg: WorkerConfig,
+        deliverers: Deliverers,
+        listen: Option<tokio_postgres::Config>,
+    ) -> Self {
+        let listen = if cfg.listen { listen } else { None };
+        Worker {
+            shared: Arc::new(Shared {
+                cfg,
+                pool,
+                deliverers,
+                wake: Notify::new(),
+                inflight: AtomicUsize::new(0),
+                stopping: CancellationToken::new(),
+                summary: Mutex::new(RunSummary::default()),
+            }),
+            listen,
+        }
+    }
+
+    /// Runs until `shutdown` resolves (or, with `drain`, until nothing is left to do),
+    /// then finishes in-flight attempts within the grace period.
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<RunSummary, WorkerError> {
+        let shared = self.shared;
+        let cfg = &shared.cfg;
+        tracing::info!(
+            worker_id = %cfg.worker_id,
+            channels = ?cfg.channels.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
+            concurrency = cfg.concurrency,
+            batch_size = cfg.batch_size,
+            "worker started"
+        );
+        let (done_tx, done_rx) = mpsc::channel::<Done>(cfg.concurrency.max(16) * 2);
+        let hard_stop = CancellationToken::new();
+        let completer = tokio::spawn(completer(shared.clone(), done_rx, hard_stop.clone()));
+        let listener = self
+            .listen
+            .map(|pg| tokio::spawn(listen(pg, shared.clone())));
+
+        let slots = Arc::new(Semaphore::new(cfg.concurrency));
+        let mut tasks = JoinSet::new();
+        let mut db_backoff = Backoff::new();
+        let mut backlog = false;
+        tokio::pin!(shutdown);
+
+        loop {
+            while tasks.try_join_next().is_some() {}
+            let free = slots.available_permits();
+            // With a backlog, wait until a useful number of slots is free so each claim
+            // fetches a batch rather than one row per finished delivery; when the queue is
+            // idle, any free slot takes a new message at once.
+            let threshold = if backlog {
+                (cfg.batch_size.min(cfg.concurrency) / 4).max(1)
+            } else {
+                1
+            };
+            if free < threshold {
+                tokio::select! {
+                    _ = shared.wake.notified() => continue,
+                    _ = &mut shutdown => break,
+                }
+            }
+            let want = free.min(cfg.batch_size);
+            let claimed = match shared.pool.get().await {
+                Ok(client) => {
+                    claim::claim(&**client, &cfg.channels, want, &cfg.worker_id, cfg.lease)
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            let batch = match claimed {
+                Ok(b) => {
+                    db_backoff.reset();
+                    b
+                }
+                Err(e) => {
+                    let wait = db_backoff.next();
+                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "claim failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => continue,
+                        _ = &mut shutdown => break,
+                    }
+                }
+            };
+            for g in &batch.gave_up {
+                tracing::warn!(
+                    message_id = g.id,
+                    key = %g.key,
+                    channel = %g.channel,
+                    attempt = %format_args!("{}/{}", g.attempt, g.max_attempts),
+                    outcome = "dead",
+                    error_class = "ambiguous",
+                    "lease expired while running and no retry is allowed; dead-lettered"
+                );
+            }
+            if !batch.gave_up.is_empty() {
+                lock(&shared.summary).dead += batch.gave_up.len() as u64;
+            }
+            let got = batch.claimed.len();
+            for msg in batch.claimed {
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    // Cannot happen: only this loop takes permits and it asked for `free`.
+                    // Hand the row back rather than exceed the concurrency.
+                    shared.inflight.fetch_add(1, Ordering::SeqCst);
+                    let _ = done_tx.send(Done::Released(msg.id, msg.lease_token)).await;
+                    continue;
+                };
+                shared.inflight.fetch_add(1, Ordering::SeqCst);
+                let shared = shared.clone();
+                let tx = done_tx.clone();
+                tasks.spawn(async move {
+                    let done = attempt(&shared, msg).await;
+                    // Keep the slot until the completer has room: that is the backpressure
+                    // that stops claims while the database cannot keep up.
+                    let _ = tx.send(done).await;
+                    drop(permit);
+                    shared.wake.notify_one();
+                });
+            }
+            backlog = got == want;
+            if backlog {
+                continue;
+            }
+            if cfg.drain && got == 0 && shared.inflight.load(Ordering::SeqCst) == 0 {
+                match drain_done(&shared).await {
+                    Ok(true) => {
+                        tracing::info!(
+                            "drained: nothing pending or running on this worker's channels"
+                        );
+                        break;
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, "drain check failed"),
+                }
+            }
+            tokio::select! {
+                _ = shared.wake.notified() => {}
+                _ = tokio::time::sleep(cfg.poll_interval) => {}
+                _ = &mut shutdown => break,
+            }
+        }
+
+        // Shutdown: stop claiming (done), let in-flight attempts finish within the grace
+        // period; attempts not started yet release their rows.
+        shared.stopping.cancel();
+        let deadline = tokio::time::Instant::now() + cfg.shutdown_grace;
+        if !tasks.is_empty() {
+            tracing::info!(
+                in_flight = tasks.len(),
+                grace_ms = cfg.shutdown_grace.as_millis() as u64,
+                "stopping: finishing in-flight attempts"
+            );
+        }
+        let finished = tokio::time::timeout_at(deadline, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if finished.is_err() {
+            tracing::warn!(
+                abandoned = tasks.len(),
+                "grace period over: abandoning in-flight attempts (their leases will expire and the attempts count as ambiguous)"
+            );
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+        }
+        drop(done_tx);
+        // Give the completer until the deadline (at least a few seconds) to write what is
+        // left; past that, pending writes are abandoned to lease expiry.
+        let completer_deadline = deadline.max(tokio::time::Instant::now() + Duration::from_secs(5));
+        let stopper = hard_stop.clone();
+        let guard = tokio::spawn(async move {
+            tokio::time::sleep_until(completer_deadline).await;
+            stopper.cancel();
+        });
+        let completed = completer.await;
+        guard.abort();
+        if let Some(l) = listener {
+            l.abort();
+        }
+        if let Err(e) = completed {
+            return Err(WorkerError::Task(e.to_string()));
+        }
+        let summary = lock(&shared.summary).clone();
+        tracing::info!(
+            delivered = summary.delivered,
+            retried = summary.retried,
+            dead = summary.dead,
+            lease_lost = summary.lease_lost,
+            released = summary.released,
+            "worker stopped"
+        );
+        Ok(summary)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+async fn drain_done(shared: &Shared) -> Result<bool, String> {
+    let client = shared.pool.get().await.map_err(|e| e.to_string())?;
+    let unfinished = claim::has_unfinished(&**client, &shared.cfg.channels)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(!unfinished)
+}
+
+/// One attempt: send, classify, decide. Never touches the database.
+async fn attempt(shared: &Shared, msg: Claimed) -> Done {
+    if shared.stopping.is_cancelled() {
+        return Done::Released(msg.id, msg.lease_token);
+    }
+    let started_at = SystemTime::now();
+    let t0 = Instant::now();
+    let result = shared
+        .deliverers
+        .deliver(
+            msg.channel,
+            Outgoing {
+                key: &msg.key,
+                payload: &msg.payload,
+            },
+        )
+        .await;
+    let duration = t0.elapsed();
+    let budget = Budget {
+        attempt: msg.attempt,
+        max_attempts: msg.max_attempts,
+        retry_ambiguous: msg.retry_ambiguous,
+    };
+    let jitter: f64 = rand::random();
+    let completion = match result {
+        Ok(ok) => Completion {
+            id: msg.id,
+            lease_token: msg.lease_token,
+            attempt: msg.attempt,
+            transition: decide(None, budget, &shared.cfg.retry, None, jitter),
+            error: None,
+            status: ok.status,
+            deduplicated: ok.deduplicated,
+            response: Some(ok.response),
+            started_at,
+        },
+        Err(err) => {
+            let transition = decide(
+                Some(err.class),
+                budget,
+                &shared.cfg.retry,
+                err.retry_after,
+                jitter,
+            );
+            let error = match transition.error_class() {
+                Some(ErrorClass::Exhausted) => {
+                    format!(
+                        "{} (attempt {} of {}: retries exhausted)",
+                        err.message, msg.attempt, msg.max_attempts
+                    )
+                }
+                _ => err.message.clone(),
+            };
+            Completion {
+                id: msg.id,
+                lease_token: msg.lease_token,
+                attempt: msg.attempt,
+                transition,
+                error: Some(error),
+                status: err.status,
+                deduplicated: false,
+                response: err.response,
+                started_at,
+            }
+        }
+    };
+    let log = AttemptLog {
+        key: msg.key,
+        channel: msg.channel,
+        max_attempts: msg.max_attempts,
+        duration,
+    };
+    Done::Completed(completion, log)
+}
+
+/// Runs a database write (`$op`, an expression using `$client`) until it succeeds, backing
+/// off between tries; gives up (None) only when `$stop` fires: shutdown past its grace.
+macro_rules! retry_db {
+    ($shared:expr, $stop:expr, $what:literal, |$client:ident| $op:expr) => {{
+        let mut backoff = Backoff::new();
+        loop {
+            let result = async {
+                let obj = $shared.pool.get().await.map_err(|e| e.to_string())?;
+                let $client: &tokio_postgres::Client = &obj;
+                $op.await.map_err(|e| e.to_string())
+            }
+            .await;
+            match result {
+                Ok(v) => break Some(v),
+                Err(e) => {
+                    let wait = backoff.next();
+                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, concat!($what, " failed; retrying"));
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = $stop.cancelled() => break None,
+                    }
+                }
+            }
+        }
+    }};
+}
+
+/// Most completions written by one statement.
+const MAX_FLUSH: usize = 1024;
+
+/// Writes completions and releases in batches: everything waiting when it gets to run.
+async fn completer(
+    shared: Arc<Shared>,
+    mut rx: mpsc::Receiver<Done>,
+    hard_stop: CancellationToken,
+) {
+    let mut buf = Vec::with_capacity(MAX_FLUSH);
+    loop {
+        buf.clear();
+        if rx.recv_many(&mut buf, MAX_FLUSH).await == 0 {
+            return;
+        }
+        let mut completions = Vec::new();
+        let mut logs = Vec::new();
+        let mut releases = Vec::new();
+        for d in buf.drain(..) {
+            match d {
+                Done::Completed(c, l) => {
+                    completions.push(c);
+                    logs.push(l);
+                }
+                Done::Released(id, token) => releases.push((id, token)),
+            }
+        }
+        let n = completions.len() + releases.len();
+        if !completions.is_empty() {
+            let recorded = retry_db!(shared, hard_stop, "recording attempts", |client| {
+                claim::complete(client, &shared.cfg.worker_id, &completions)
+            });
+            match recorded {
+                Some(outcomes) => log_attempts(&shared, &completions, &logs, &outcomes),
+                None => tracing::error!(
+                    count = completions.len(),
+                    "could not record attempts before shutdown; their leases will expire and they will count as ambiguous"
+                ),
+            }
+        }
+        if !releases.is_empty() {
+            let released = retry_db!(shared, hard_stop, "releasing messages", |client| {
+                claim::release(client, &shared.cfg.worker_id, &releases)
+            });
+            if let Some(ids) = released {
+                for id in &ids {
+                    tracing::info!(
+                        message_id = id,
+                        outcome = "released",
+                        "claimed message released unstarted"
+                    );
+                }
+                lock(&shared.summary).released += ids.len() as u64;
+            }
+        }
+        shared.inflight.fetch_sub(n, Ordering::SeqCst);
+        shared.wake.notify_one();
+    }
+}
+
+fn log_attempts(
+    shared: &Shared,
+    completions: &[Completion],
+    logs: &[AttemptLog],
+    outcomes: &[(i64, AttemptOutcome)],
+) {
+    let mut summary = lock(&shared.summary);
+    for (c, l) in completions.iter().zip(logs) {
+        let outcome = outcomes
+            .iter()
+            .find(|(id, _)| *id == c.id)
+            .map(|(_, o)| *o)
+            .unwrap_or(AttemptOutcome::LeaseLost);
+        match outcome {
+            AttemptOutcome::Delivered => summary.delivered += 1,
+            AttemptOutcome::Retry => summary.retried += 1,
+            AttemptOutcome::Dead => summary.dead += 1,
+            AttemptOutcome::LeaseLost => summary.lease_lost += 1,
+            AttemptOutcome::Released | AttemptOutcome::Replayed => {}
+        }
+        let class = c.transition.error_class().map(ErrorClass::as_str);
+        let attempt = format_args!("{}/{}", c.attempt, l.max_attempts);
+        let duration_ms = l.duration.as_millis() as u64;
+        match outcome {
+            AttemptOutcome::Delivered | AttemptOutcome::Retry => tracing::info!(
+                message_id = c.id, key = %l.key, channel = %l.channel, attempt = %attempt,
+                outcome = outcome.as_str(), error_class = class, status = c.status,
+                duration_ms, deduplicated = c.deduplicated, error = c.error.as_deref(),
+                "attempt finished"
+            ),
+            _ => tracing::warn!(
+                message_id = c.id, key = %l.key, channel = %l.channel, attempt = %attempt,
+                outcome = outcome.as_str(), error_class = class, status = c.status,
+                duration_ms, deduplicated = c.deduplicated, error = c.error.as_deref(),
+                "attempt finished"
+            ),
+        }
+    }
+}
+
+/// Keeps a LISTEN connection open and turns notifications into wake-ups. A burst of
+/// notifications is one wake-up (Notify holds at most one permit). After every (re)connect
+/// it wakes the loop once, in case something was committed while it was not listening.
+async fn listen(pg: tokio_postgres::Config, shared: Arc<Shared>) {
+    let mut backoff = Backoff::new();
+    loop {
+        match pg.connect(tokio_postgres::NoTls).await {
+            Ok((client, mut conn)) => {
+                let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+                let driver = tokio::spawn(async move {
+                    loop {
+                        match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+                            Some(Ok(tokio_postgres::AsyncMessage::Notification(_))) => {
+                                if tx.send(()).is_err() {
+                                    return None;
+                                }
+                            }
+                            Some(Ok(_)) => {}
+                            Some(Err(e)) => return Some(e),
+                            None => return None,
+                        }
+                    }
+                });
+                match client.batch_execute("LISTEN outbox_messages").await {
+                    Ok(()) => {
+                        backoff.reset();
+                        tracing::debug!("listening for outbox_messages");
+                        shared.wake.notify_one();
+                        while rx.recv().await.is_some() {
+                            shared.wake.notify_one();
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "LISTEN failed"),
+                }
+                drop(client);
+                if let Ok(Some(e)) = driver.await {
+                    tracing::warn!(error = %e, "LISTEN connection lost; polling until it is back");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open the LISTEN connection; polling until it is back")
+            }
+        }
+        tokio::time::sleep(backoff.next()).await;
+    }
+}
+
+/// Exponential back-off for the worker's own database retries: 100 ms doubling to 10 s,
+/// with jitter (backon's schedule).
+struct Backoff {
+    builder: backon::ExponentialBuilder,
+    iter: Option<backon::ExponentialBackoff>,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        use backon::BackoffBuilder as _;
+        let builder = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(10))
+            .with_jitter()
+            .without_max_times();
+        Backoff {
+            iter: Some(builder.build()),
+            builder,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        use backon::BackoffBuilder as _;
+        let builder = self.builder;
+        self.iter
+            .get_or_insert_with(|| builder.build())
+            .next()
+            .unwrap_or(Duration::from_secs(10))
+    }
+
+    fn reset(&mut self) {
+        self.iter = None;
+    }
+}
