@@ -1,0 +1,301 @@
+//! Shared test harness: a fresh database per test, an HTTP receiver, a worker, waits.
+//!
+//! Every test gets its own database (created from `DATABASE_URL`'s server, migrated, and
+//! dropped when the `TestDb` is dropped, also on panic), so tests run in parallel and leave
+//! nothing behind. `scripts/test` provides `DATABASE_URL` (a throwaway cluster when unset).
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+pub mod receiver;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outboxd::config::{DestinationPolicy, WebhookConfig, WorkerConfig};
+use outboxd::deliver::{Deliverers, webhook::WebhookSender};
+use outboxd::retry::RetryPolicy;
+use outboxd::worker::{RunSummary, Worker};
+use tokio_postgres::{Client, NoTls};
+
+/// The server tests create their databases on.
+pub fn admin_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+        panic!("DATABASE_URL is not set: run the tests with scripts/test (it starts a throwaway cluster)")
+    })
+}
+
+/// A database of its own for one test.
+pub struct TestDb {
+    /// The database name.
+    pub name: String,
+    /// Connection settings for it.
+    pub pg: tokio_postgres::Config,
+    admin: tokio_postgres::Config,
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+impl TestDb {
+    /// Creates and migrates a fresh database.
+    pub async fn new() -> TestDb {
+        let db = TestDb::empty().await;
+        let mut client = db.client().await;
+        outboxd::migrate::migrate(&mut client).await.expect("migrate");
+        db
+    }
+
+    /// Creates a fresh database without the schema.
+    pub async fn empty() -> TestDb {
+        let admin: tokio_postgres::Config = admin_url().parse().expect("DATABASE_URL parses");
+        let name = format!(
+            "outboxd_test_{}_{}_{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst),
+            rand::random::<u32>()
+        );
+        let client = connect(&admin).await;
+        client.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create database");
+        let mut pg = admin.clone();
+        pg.dbname(&name);
+        TestDb { name, pg, admin }
+    }
+
+    /// A new connection to this database.
+    pub async fn client(&self) -> Client {
+        connect(&self.pg).await
+    }
+
+    /// A pool on this database.
+    pub fn pool(&self, size: usize) -> deadpool_postgres::Pool {
+        outboxd::db::pool(self.pg.clone(), size).expect("pool")
+    }
+
+    /// Reads one value.
+    pub async fn scalar<T: for<'a> tokio_postgres::types::FromSql<'a>>(&self, sql: &str) -> T {
+        self.client().await.query_one(sql, &[]).await.expect(sql).get(0)
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let admin = self.admin.clone();
+        let name = self.name.clone();
+        // Drop may run inside a runtime: do the async work on a thread of its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let client = connect(&admin).await;
+                let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
+            });
+        })
+        .join();
+    }
+}
+
+/// Connects, driving the connection on the current runtime.
+pub async fn connect(cfg: &tokio_postgres::Config) -> Client {
+    let (client, conn) = cfg.connect(NoTls).await.expect("connect to PostgreSQL");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// Polls `cond` every 20 ms until it holds; panics with `what` after `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Worker settings for tests: fast polls and retries, receivers on loopback allowed.
+pub fn test_worker_config(id: &str) -> WorkerConfig {
+    WorkerConfig {
+        worker_id: id.to_owned(),
+        poll_interval: Duration::from_millis(50),
+        lease: Duration::from_secs(10),
+        retry: RetryPolicy { base: Duration::from_millis(100), max: Duration::from_secs(2) },
+        shutdown_grace: Duration::from_secs(5),
+        ..WorkerConfig::default()
+    }
+}
+
+/// Webhook settings for tests: 2 s timeout, private networks allowed (the receiver is on
+/// 127.0.0.1).
+pub fn test_webhook_config() -> WebhookConfig {
+    WebhookConfig {
+        timeout: Duration::from_secs(2),
+        signing_key: None,
+        destinations: DestinationPolicy { allow_private_networks: true, ..Default::default() },
+    }
+}
+
+/// A worker running in the background of the test's runtime.
+pub struct RunningWorker {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    handle: tokio::task::JoinHandle<RunSummary>,
+}
+
+impl RunningWorker {
+    /// Starts a worker on `db`.
+    pub fn start(db: &TestDb, cfg: WorkerConfig, webhook: WebhookConfig) -> RunningWorker {
+        let pool = db.pool(4);
+        let deliverers = Deliverers { webhook: WebhookSender::new(&webhook).expect("webhook sender") };
+        let worker = Worker::new(pool, cfg, deliverers, Some(db.pg.clone()));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            worker
+                .run(async {
+                    let _ = rx.await;
+                })
+                .await
+                .expect("worker run")
+        });
+        RunningWorker { stop: Some(tx), handle }
+    }
+
+    /// Signals shutdown and waits for the summary.
+    pub async fn stop(mut self) -> RunSummary {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), &mut self.handle)
+            .await
+            .expect("worker stops within 30s")
+            .expect("worker task")
+    }
+
+    /// Waits for a worker started with `drain` to exit by itself.
+    pub async fn drained(mut self, timeout: Duration) -> RunSummary {
+        tokio::time::timeout(timeout, &mut self.handle)
+            .await
+            .expect("worker drains in time")
+            .expect("worker task")
+    }
+}
+
+/// Captures tracing output of the current thread (use with a current-thread runtime, the
+/// default of `#[tokio::test]`, so spawned tasks log into it too).
+#[derive(Clone, Default)]
+pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    /// Installs a TRACE-level subscriber for the current thread; keep the guard alive.
+    pub fn install() -> (LogCapture, tracing::subscriber::DefaultGuard) {
+        let cap = LogCapture::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(cap.clone())
+            .finish();
+        let guard = tracing::subscriber::set_default(subscriber);
+        (cap, guard)
+    }
+
+    /// Everything logged so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogCapture {
+    type Writer = LogCapture;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// One message row as tests look at it.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub id: i64,
+    pub state: String,
+    pub attempts: i32,
+    pub error_class: Option<String>,
+    pub last_error: Option<String>,
+    pub response: Option<serde_json::Value>,
+}
+
+/// Reads a message by key.
+pub async fn row(db: &TestDb, key: &str) -> Row {
+    let c = db.client().await;
+    let r = c
+        .query_one(
+            "SELECT id, state, attempts, error_class, last_error, response FROM outbox.messages WHERE message_key = $1",
+            &[&key],
+        )
+        .await
+        .expect("message row");
+    Row {
+        id: r.get(0),
+        state: r.get(1),
+        attempts: r.get(2),
+        error_class: r.get(3),
+        last_error: r.get(4),
+        response: r.get(5),
+    }
+}
+
+/// Waits until the message with `key` is in `state`.
+pub async fn wait_for_state(db: &TestDb, key: &str, state: &str, timeout: Duration) -> Row {
+    let c = db.client().await;
+    let what = format!("message {key} to be {state}");
+    wait_until(timeout, &what, || {
+        let c = &c;
+        async move {
+            c.query_opt("SELECT 1 FROM outbox.messages WHERE message_key = $1 AND state = $2", &[&key, &state])
+                .await
+                .map(|r| r.is_some())
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    row(db, key).await
+}
+
+/// The attempt rows of a message: (attempt, outcome, error_class, status, deduplicated).
+pub async fn attempts(db: &TestDb, key: &str) -> Vec<(i32, String, Option<String>, Option<i32>, bool)> {
+    let c = db.client().await;
+    c.query(
+        "SELECT a.attempt, a.outcome, a.error_class, a.status, a.deduplicated FROM outbox.attempts a \
+         JOIN outbox.messages m ON m.id = a.message_id WHERE m.message_key = $1 ORDER BY a.id",
+        &[&key],
+    )
+    .await
+    .expect("attempts")
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+    .collect()
+}
+
+/// Enqueues a webhook to `url` with a small body, committed.
+pub async fn enqueue_webhook(db: &TestDb, key: &str, url: &str, max_attempts: i32, retry_ambiguous: bool) -> i64 {
+    let c = db.client().await;
+    let msg = outboxd::NewMessage::webhook(key, serde_json::json!({"url": url, "body": {"key": key, "n": 1}}))
+        .max_attempts(max_attempts)
+        .retry_ambiguous(retry_ambiguous);
+    outboxd::enqueue(&c, &msg).await.expect("enqueue").id
+}

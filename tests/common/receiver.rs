@@ -1,0 +1,130 @@
+//! An HTTP receiver on 127.0.0.1:0 that records every request and answers from a script
+//! (Svix's TestReceiver is the model): a status, extra headers, a stall, or a reset.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// A status with no body.
+    Status(u16),
+    /// A status with headers.
+    WithHeaders(u16, Vec<(&'static str, String)>),
+    /// Wait this long, then answer 200 (used to outlast the worker's timeout).
+    Stall(Duration),
+}
+
+/// A recorded request.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub at: Instant,
+}
+
+impl Recorded {
+    /// A header's value as text.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    script: VecDeque<Reply>,
+    default: Option<Reply>,
+    requests: Vec<Recorded>,
+}
+
+/// The receiver; dropped with the test's runtime.
+#[derive(Clone)]
+pub struct Receiver {
+    pub addr: std::net::SocketAddr,
+    state: Arc<Mutex<State>>,
+}
+
+impl Receiver {
+    /// Starts a receiver answering 204 unless scripted otherwise.
+    pub async fn start() -> Receiver {
+        let state = Arc::new(Mutex::new(State::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let st = state.clone();
+        let app = axum::Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+            let st = st.clone();
+            async move { handle(st, method, uri, headers, body).await }
+        });
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Receiver { addr, state }
+    }
+
+    /// `http://127.0.0.1:PORT{path}`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Queues answers for the next requests (in order).
+    pub fn script(&self, replies: impl IntoIterator<Item = Reply>) {
+        self.state.lock().unwrap().script.extend(replies);
+    }
+
+    /// The answer once the script is used up (204 by default).
+    pub fn set_default(&self, reply: Reply) {
+        self.state.lock().unwrap().default = Some(reply);
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.lock().unwrap().requests.clone()
+    }
+
+    /// Requests carrying this idempotency key.
+    pub fn requests_for(&self, key: &str) -> Vec<Recorded> {
+        self.requests().into_iter().filter(|r| r.header("idempotency-key").as_deref() == Some(key)).collect()
+    }
+
+    /// Waits until at least `n` requests arrived.
+    pub async fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Recorded> {
+        let this = self.clone();
+        super::wait_until(timeout, &format!("{n} requests at the receiver"), move || {
+            let this = this.clone();
+            async move { this.requests().len() >= n }
+        })
+        .await;
+        self.requests()
+    }
+}
+
+async fn handle(st: Arc<Mutex<State>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let reply = {
+        let mut s = st.lock().unwrap();
+        s.requests.push(Recorded { method, uri, headers, body, at: Instant::now() });
+        s.script.pop_front().or_else(|| s.default.clone()).unwrap_or(Reply::Status(204))
+    };
+    match reply {
+        Reply::Status(code) => StatusCode::from_u16(code).unwrap().into_response(),
+        Reply::WithHeaders(code, headers) => {
+            let mut resp = StatusCode::from_u16(code).unwrap().into_response();
+            for (k, v) in headers {
+                resp.headers_mut().insert(k, v.parse().unwrap());
+            }
+            resp
+        }
+        Reply::Stall(d) => {
+            tokio::time::sleep(d).await;
+            StatusCode::OK.into_response()
+        }
+    }
+}
