@@ -42,7 +42,9 @@ impl TestDb {
     pub async fn new() -> TestDb {
         let db = TestDb::empty().await;
         let mut client = db.client().await;
-        outboxd::migrate::migrate(&mut client).await.expect("migrate");
+        outboxd::migrate::migrate(&mut client)
+            .await
+            .expect("migrate");
         db
     }
 
@@ -56,10 +58,20 @@ impl TestDb {
             rand::random::<u32>()
         );
         let client = connect(&admin).await;
-        client.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create database");
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create database");
         let mut pg = admin.clone();
         pg.dbname(&name);
         TestDb { name, pg, admin }
+    }
+
+    /// A `postgres://` URL for this database (for child processes).
+    pub fn url(&self) -> String {
+        let mut url = url::Url::parse(&admin_url()).expect("DATABASE_URL is a postgres:// URL");
+        url.set_path(&format!("/{}", self.name));
+        url.to_string()
     }
 
     /// A new connection to this database.
@@ -74,7 +86,12 @@ impl TestDb {
 
     /// Reads one value.
     pub async fn scalar<T: for<'a> tokio_postgres::types::FromSql<'a>>(&self, sql: &str) -> T {
-        self.client().await.query_one(sql, &[]).await.expect(sql).get(0)
+        self.client()
+            .await
+            .query_one(sql, &[])
+            .await
+            .expect(sql)
+            .get(0)
     }
 }
 
@@ -84,10 +101,15 @@ impl Drop for TestDb {
         let name = self.name.clone();
         // Drop may run inside a runtime: do the async work on a thread of its own.
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async {
                 let client = connect(&admin).await;
-                let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
+                let _ = client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await;
             });
         })
         .join();
@@ -127,7 +149,10 @@ pub fn test_worker_config(id: &str) -> WorkerConfig {
         worker_id: id.to_owned(),
         poll_interval: Duration::from_millis(50),
         lease: Duration::from_secs(10),
-        retry: RetryPolicy { base: Duration::from_millis(100), max: Duration::from_secs(2) },
+        retry: RetryPolicy {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+        },
         shutdown_grace: Duration::from_secs(5),
         ..WorkerConfig::default()
     }
@@ -139,7 +164,10 @@ pub fn test_webhook_config() -> WebhookConfig {
     WebhookConfig {
         timeout: Duration::from_secs(2),
         signing_key: None,
-        destinations: DestinationPolicy { allow_private_networks: true, ..Default::default() },
+        destinations: DestinationPolicy {
+            allow_private_networks: true,
+            ..Default::default()
+        },
     }
 }
 
@@ -153,7 +181,9 @@ impl RunningWorker {
     /// Starts a worker on `db`.
     pub fn start(db: &TestDb, cfg: WorkerConfig, webhook: WebhookConfig) -> RunningWorker {
         let pool = db.pool(4);
-        let deliverers = Deliverers { webhook: WebhookSender::new(&webhook).expect("webhook sender") };
+        let deliverers = Deliverers {
+            webhook: WebhookSender::new(&webhook).expect("webhook sender"),
+        };
         let worker = Worker::new(pool, cfg, deliverers, Some(db.pg.clone()));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let handle = tokio::spawn(async move {
@@ -164,7 +194,10 @@ impl RunningWorker {
                 .await
                 .expect("worker run")
         });
-        RunningWorker { stop: Some(tx), handle }
+        RunningWorker {
+            stop: Some(tx),
+            handle,
+        }
     }
 
     /// Signals shutdown and waits for the summary.
@@ -266,10 +299,13 @@ pub async fn wait_for_state(db: &TestDb, key: &str, state: &str, timeout: Durati
     wait_until(timeout, &what, || {
         let c = &c;
         async move {
-            c.query_opt("SELECT 1 FROM outbox.messages WHERE message_key = $1 AND state = $2", &[&key, &state])
-                .await
-                .map(|r| r.is_some())
-                .unwrap_or(false)
+            c.query_opt(
+                "SELECT 1 FROM outbox.messages WHERE message_key = $1 AND state = $2",
+                &[&key, &state],
+            )
+            .await
+            .map(|r| r.is_some())
+            .unwrap_or(false)
         }
     })
     .await;
@@ -277,7 +313,10 @@ pub async fn wait_for_state(db: &TestDb, key: &str, state: &str, timeout: Durati
 }
 
 /// The attempt rows of a message: (attempt, outcome, error_class, status, deduplicated).
-pub async fn attempts(db: &TestDb, key: &str) -> Vec<(i32, String, Option<String>, Option<i32>, bool)> {
+pub async fn attempts(
+    db: &TestDb,
+    key: &str,
+) -> Vec<(i32, String, Option<String>, Option<i32>, bool)> {
     let c = db.client().await;
     c.query(
         "SELECT a.attempt, a.outcome, a.error_class, a.status, a.deduplicated FROM outbox.attempts a \
@@ -292,10 +331,19 @@ pub async fn attempts(db: &TestDb, key: &str) -> Vec<(i32, String, Option<String
 }
 
 /// Enqueues a webhook to `url` with a small body, committed.
-pub async fn enqueue_webhook(db: &TestDb, key: &str, url: &str, max_attempts: i32, retry_ambiguous: bool) -> i64 {
+pub async fn enqueue_webhook(
+    db: &TestDb,
+    key: &str,
+    url: &str,
+    max_attempts: i32,
+    retry_ambiguous: bool,
+) -> i64 {
     let c = db.client().await;
-    let msg = outboxd::NewMessage::webhook(key, serde_json::json!({"url": url, "body": {"key": key, "n": 1}}))
-        .max_attempts(max_attempts)
-        .retry_ambiguous(retry_ambiguous);
+    let msg = outboxd::NewMessage::webhook(
+        key,
+        serde_json::json!({"url": url, "body": {"key": key, "n": 1}}),
+    )
+    .max_attempts(max_attempts)
+    .retry_ambiguous(retry_ambiguous);
     outboxd::enqueue(&c, &msg).await.expect("enqueue").id
 }

@@ -1,0 +1,502 @@
+//! Leases and fencing: concurrent workers, stale workers, dead workers, expired leases.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::{Duration, SystemTime};
+
+use common::receiver::{Receiver, Reply};
+use common::*;
+use outboxd::claim::{self, Completion};
+use outboxd::deliver::Channel;
+use outboxd::retry::ErrorClass;
+use outboxd::state::{AttemptOutcome, Transition};
+
+const WEBHOOK: &[Channel] = &[Channel::Webhook];
+
+async fn enqueue_n(db: &TestDb, prefix: &str, url: &str, n: usize) {
+    let c = db.client().await;
+    let msgs: Vec<_> = (0..n)
+        .map(|i| {
+            outboxd::NewMessage::webhook(
+                format!("{prefix}:{i}"),
+                serde_json::json!({"url": url, "body": {"i": i}}),
+            )
+        })
+        .collect();
+    outboxd::enqueue_many(&c, &msgs).await.unwrap();
+}
+
+fn completion(c: &claim::Claimed, transition: Transition) -> Completion {
+    Completion {
+        id: c.id,
+        lease_token: c.lease_token,
+        attempt: c.attempt,
+        transition,
+        error: transition.error_class().map(|_| "test failure".to_owned()),
+        status: Some(200),
+        deduplicated: false,
+        response: None,
+        started_at: SystemTime::now(),
+    }
+}
+
+#[tokio::test]
+async fn concurrent_claims_never_return_one_row_twice() {
+    let db = TestDb::new().await;
+    enqueue_n(&db, "c", "https://example.com/h", 100).await;
+    let (a, b) = (db.client().await, db.client().await);
+    let (ra, rb) = tokio::join!(
+        claim::claim(&a, WEBHOOK, 60, "wa", Duration::from_secs(60)),
+        claim::claim(&b, WEBHOOK, 60, "wb", Duration::from_secs(60)),
+    );
+    let (ra, rb) = (ra.unwrap().claimed, rb.unwrap().claimed);
+    let mut seen = HashMap::new();
+    for c in ra.iter().chain(rb.iter()) {
+        assert!(
+            seen.insert(c.id, ()).is_none(),
+            "message {} claimed twice",
+            c.id
+        );
+        assert_eq!(c.attempt, 1);
+    }
+    assert_eq!(
+        seen.len(),
+        100,
+        "between them the two claims took every row"
+    );
+    let running: i64 = db
+        .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'running'")
+        .await;
+    assert_eq!(running, 100);
+}
+
+#[tokio::test]
+async fn two_workers_deliver_every_message_exactly_once() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    enqueue_n(&db, "two", &rx.url("/h"), 300).await;
+    let cfg = |id: &str| outboxd::config::WorkerConfig {
+        concurrency: 8,
+        batch_size: 10,
+        ..test_worker_config(id)
+    };
+    let w1 = RunningWorker::start(&db, cfg("w1"), test_webhook_config());
+    let w2 = RunningWorker::start(&db, cfg("w2"), test_webhook_config());
+    let c = db.client().await;
+    wait_until(Duration::from_secs(30), "all 300 delivered", || {
+        let c = &c;
+        async move {
+            let n: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM outbox.messages WHERE state = 'delivered'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            n == 300
+        }
+    })
+    .await;
+    let (s1, s2) = (w1.stop().await, w2.stop().await);
+    assert_eq!(s1.delivered + s2.delivered, 300);
+    let mut per_key: HashMap<String, usize> = HashMap::new();
+    for r in rx.requests() {
+        *per_key
+            .entry(r.header("idempotency-key").unwrap())
+            .or_default() += 1;
+    }
+    assert_eq!(per_key.len(), 300);
+    assert!(per_key.values().all(|&n| n == 1), "some key was sent twice");
+    let attempt_rows: i64 = db.scalar("SELECT count(*) FROM outbox.attempts").await;
+    assert_eq!(attempt_rows, 300);
+}
+
+#[tokio::test]
+async fn a_stale_worker_changes_nothing() {
+    let db = TestDb::new().await;
+    enqueue_webhook(&db, "stale:1", "https://example.com/h", 3, true).await;
+    let c = db.client().await;
+    // The stale worker claims with a short lease, then stalls past it.
+    let old = claim::claim(&c, WEBHOOK, 1, "w-stale", Duration::from_millis(300))
+        .await
+        .unwrap()
+        .claimed;
+    assert_eq!(old.len(), 1);
+    wait_until(Duration::from_secs(5), "the lease to expire", || async {
+        let expired: bool = db
+            .scalar("SELECT lease_expires_at < now() FROM outbox.messages")
+            .await;
+        expired
+    })
+    .await;
+    // Another worker takes over and delivers.
+    let new = claim::claim(&c, WEBHOOK, 1, "w-new", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .claimed;
+    assert_eq!(new.len(), 1);
+    assert_eq!(new[0].attempt, 2);
+    assert_ne!(new[0].lease_token, old[0].lease_token);
+    let outcomes = claim::complete(&c, "w-new", &[completion(&new[0], Transition::Delivered)])
+        .await
+        .unwrap();
+    assert_eq!(outcomes, vec![(new[0].id, AttemptOutcome::Delivered)]);
+    // The stale worker wakes up and reports a permanent failure: nothing changes.
+    let dead = Transition::Dead {
+        class: ErrorClass::Permanent,
+    };
+    let outcomes = claim::complete(&c, "w-stale", &[completion(&old[0], dead)])
+        .await
+        .unwrap();
+    assert_eq!(outcomes, vec![(old[0].id, AttemptOutcome::LeaseLost)]);
+    let row = row(&db, "stale:1").await;
+    assert_eq!(row.state, "delivered");
+    assert_eq!(row.error_class, None);
+    let history = attempts(&db, "stale:1").await;
+    let outcomes: Vec<&str> = history.iter().map(|h| h.1.as_str()).collect();
+    assert_eq!(outcomes, ["lease_lost", "delivered", "lease_lost"]);
+    // A stale release is fenced too.
+    assert!(
+        claim::release(&c, "w-stale", &[(old[0].id, old[0].lease_token)])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(row_state(&db, "stale:1").await, "delivered");
+}
+
+async fn row_state(db: &TestDb, key: &str) -> String {
+    row(db, key).await.state
+}
+
+#[tokio::test]
+async fn a_batch_of_completions_is_fenced_row_by_row() {
+    let db = TestDb::new().await;
+    enqueue_n(&db, "mix", "https://example.com/h", 2).await;
+    let c = db.client().await;
+    let claimed = claim::claim(&c, WEBHOOK, 2, "w", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .claimed;
+    let mut forged = completion(&claimed[1], Transition::Delivered);
+    forged.lease_token = uuid::Uuid::from_u128(rand::random());
+    let outcomes = claim::complete(
+        &c,
+        "w",
+        &[completion(&claimed[0], Transition::Delivered), forged],
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcomes.len(), 2);
+    assert!(outcomes.contains(&(claimed[0].id, AttemptOutcome::Delivered)));
+    assert!(outcomes.contains(&(claimed[1].id, AttemptOutcome::LeaseLost)));
+    let states: Vec<String> = c
+        .query("SELECT state FROM outbox.messages ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(states, ["delivered", "running"]);
+}
+
+/// The SQL writes exactly what `decide` says, for every kind of transition.
+#[tokio::test]
+async fn completion_sql_agrees_with_the_state_machine() {
+    let db = TestDb::new().await;
+    let transitions = [
+        Transition::Delivered,
+        Transition::Retry {
+            class: ErrorClass::Transient,
+            delay: Duration::from_secs(30),
+        },
+        Transition::Retry {
+            class: ErrorClass::Ambiguous,
+            delay: Duration::from_secs(30),
+        },
+        Transition::Dead {
+            class: ErrorClass::Permanent,
+        },
+        Transition::Dead {
+            class: ErrorClass::Invalid,
+        },
+        Transition::Dead {
+            class: ErrorClass::Exhausted,
+        },
+        Transition::Dead {
+            class: ErrorClass::Ambiguous,
+        },
+    ];
+    enqueue_n(&db, "sm", "https://example.com/h", transitions.len()).await;
+    let c = db.client().await;
+    let mut claimed = claim::claim(&c, WEBHOOK, transitions.len(), "w", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .claimed;
+    claimed.sort_by_key(|m| m.id);
+    let batch: Vec<Completion> = claimed
+        .iter()
+        .zip(transitions)
+        .map(|(m, t)| completion(m, t))
+        .collect();
+    claim::complete(&c, "w", &batch).await.unwrap();
+    for (m, t) in claimed.iter().zip(transitions) {
+        let r = c
+            .query_one(
+                "SELECT state, error_class, run_after > now() + interval '20 seconds', \
+                 delivered_at IS NOT NULL, dead_at IS NOT NULL, lease_token IS NULL FROM outbox.messages WHERE id = $1",
+                &[&m.id],
+            )
+            .await
+            .unwrap();
+        let state: String = r.get(0);
+        let class: Option<String> = r.get(1);
+        assert_eq!(state, t.next_state().as_str(), "{t:?}");
+        assert_eq!(
+            class.as_deref(),
+            t.error_class().map(|c| c.as_str()),
+            "{t:?}"
+        );
+        assert_eq!(
+            r.get::<_, bool>(2),
+            matches!(t, Transition::Retry { .. }),
+            "retry delay applied for {t:?}"
+        );
+        assert_eq!(r.get::<_, bool>(3), t == Transition::Delivered);
+        assert_eq!(r.get::<_, bool>(4), matches!(t, Transition::Dead { .. }));
+        assert!(r.get::<_, bool>(5), "lease cleared");
+        let outcome: String = c
+            .query_one(
+                "SELECT outcome FROM outbox.attempts WHERE message_id = $1",
+                &[&m.id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(outcome, t.outcome().as_str());
+    }
+}
+
+/// Claims with a short lease and lets it expire, as a worker that died would.
+async fn claim_and_abandon(db: &TestDb, n: usize) {
+    let c = db.client().await;
+    let got = claim::claim(&c, WEBHOOK, n, "w-dead", Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(got.claimed.len(), n);
+    wait_until(Duration::from_secs(5), "the leases to expire", || async {
+        let live: i64 =
+            db.scalar("SELECT count(*) FROM outbox.messages WHERE state = 'running' AND lease_expires_at > now()").await;
+        live == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_on_the_last_attempt_dead_letters_as_ambiguous() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    enqueue_webhook(&db, "last:1", &rx.url("/h"), 1, true).await;
+    enqueue_webhook(&db, "noretry:1", &rx.url("/h"), 3, false).await;
+    claim_and_abandon(&db, 2).await;
+    let w = RunningWorker::start(&db, test_worker_config("w2"), test_webhook_config());
+    let last = wait_for_state(&db, "last:1", "dead", Duration::from_secs(10)).await;
+    let noretry = wait_for_state(&db, "noretry:1", "dead", Duration::from_secs(10)).await;
+    let summary = w.stop().await;
+    assert_eq!(summary.dead, 2);
+    for r in [&last, &noretry] {
+        assert_eq!(r.error_class.as_deref(), Some("ambiguous"));
+        assert!(
+            r.last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("lease expired")
+        );
+        assert_eq!(r.attempts, 1, "no further attempt was started");
+    }
+    assert!(rx.requests().is_empty(), "nothing was sent again");
+    let h = attempts(&db, "last:1").await;
+    assert_eq!(
+        h,
+        vec![(
+            1,
+            "dead".to_owned(),
+            Some("ambiguous".to_owned()),
+            None,
+            false
+        )]
+    );
+}
+
+#[tokio::test]
+async fn a_killed_worker_process_loses_its_lease_and_another_finishes() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    // The first requests stall: the worker process is mid-send when it is killed.
+    rx.script((0..5).map(|_| Reply::Stall(Duration::from_secs(60))));
+    enqueue_n(&db, "kill", &rx.url("/h"), 5).await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args([
+            "run",
+            "--worker-id",
+            "doomed",
+            "--lease",
+            "3s",
+            "--webhook-timeout",
+            "1500ms",
+            "--poll-interval",
+            "100ms",
+        ])
+        .env("DATABASE_URL", db.url())
+        .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    rx.wait_for(5, Duration::from_secs(15)).await;
+    child.kill().unwrap(); // SIGKILL: no shutdown, no release
+    child.wait().unwrap();
+    let running: i64 = db
+        .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'running'")
+        .await;
+    assert_eq!(running, 5, "the killed worker left its rows running");
+
+    let w = RunningWorker::start(&db, test_worker_config("rescuer"), test_webhook_config());
+    let c = db.client().await;
+    wait_until(
+        Duration::from_secs(20),
+        "all 5 delivered by the rescuer",
+        || {
+            let c = &c;
+            async move {
+                let n: i64 = c
+                    .query_one(
+                        "SELECT count(*) FROM outbox.messages WHERE state = 'delivered'",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                n == 5
+            }
+        },
+    )
+    .await;
+    w.stop().await;
+    for i in 0..5 {
+        let key = format!("kill:{i}");
+        let h = attempts(&db, &key).await;
+        assert_eq!(h.len(), 2, "{key}: {h:?}");
+        assert_eq!(
+            (h[0].0, h[0].1.as_str(), h[0].2.as_deref()),
+            (1, "lease_lost", Some("ambiguous"))
+        );
+        assert_eq!((h[1].0, h[1].1.as_str()), (2, "delivered"));
+        // Sent twice, with the same key both times: the receiver can deduplicate.
+        assert_eq!(rx.requests_for(&key).len(), 2);
+    }
+    let workers: Vec<String> = c
+        .query(
+            "SELECT DISTINCT worker FROM outbox.attempts ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(workers, ["doomed", "rescuer"]);
+}
+
+#[tokio::test]
+async fn drain_waits_for_scheduled_retries_then_exits() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(503), Reply::Status(503)]);
+    enqueue_webhook(&db, "drain:1", &rx.url("/h"), 3, true).await;
+    enqueue_webhook(&db, "drain:2", &rx.url("/h"), 3, true).await;
+    let cfg = outboxd::config::WorkerConfig {
+        drain: true,
+        ..test_worker_config("drainer")
+    };
+    let summary = RunningWorker::start(&db, cfg, test_webhook_config())
+        .drained(Duration::from_secs(20))
+        .await;
+    assert_eq!(summary.delivered, 2);
+    assert_eq!(summary.retried, 2);
+    let left: i64 = db
+        .scalar("SELECT count(*) FROM outbox.messages WHERE state <> 'delivered'")
+        .await;
+    assert_eq!(left, 0);
+}
+
+#[tokio::test]
+async fn release_gives_back_unstarted_rows_without_counting_the_attempt() {
+    let db = TestDb::new().await;
+    enqueue_n(&db, "rel", "https://example.com/h", 3).await;
+    let c = db.client().await;
+    let claimed = claim::claim(&c, WEBHOOK, 3, "w", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .claimed;
+    let rows: Vec<_> = claimed.iter().map(|m| (m.id, m.lease_token)).collect();
+    let mut released = claim::release(&c, "w", &rows).await.unwrap();
+    released.sort();
+    let mut ids: Vec<i64> = claimed.iter().map(|m| m.id).collect();
+    ids.sort();
+    assert_eq!(released, ids);
+    let r = row(&db, "rel:0").await;
+    assert_eq!((r.state.as_str(), r.attempts), ("pending", 0));
+    assert_eq!(
+        attempts(&db, "rel:0").await,
+        vec![(1, "released".to_owned(), None, None, false)]
+    );
+    // Claimed again, it is attempt 1 again.
+    let again = claim::claim(&c, WEBHOOK, 3, "w", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .claimed;
+    assert!(again.iter().all(|m| m.attempt == 1));
+}
+
+#[tokio::test]
+async fn shutdown_lets_an_in_flight_attempt_finish() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Stall(Duration::from_millis(800))]);
+    enqueue_webhook(&db, "grace:1", &rx.url("/h"), 3, true).await;
+    let w = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
+    rx.wait_for(1, Duration::from_secs(10)).await;
+    // Stop while the request is in flight: the worker waits for it within the grace period.
+    let summary = w.stop().await;
+    assert_eq!(summary.delivered, 1);
+    assert_eq!(row_state(&db, "grace:1").await, "delivered");
+}
+
+#[tokio::test]
+async fn a_notification_wakes_an_idle_worker() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    // Poll once an hour: only LISTEN/NOTIFY can deliver the message in time.
+    let cfg = outboxd::config::WorkerConfig {
+        poll_interval: Duration::from_secs(3600),
+        ..test_worker_config("w")
+    };
+    let w = RunningWorker::start(&db, cfg, test_webhook_config());
+    wait_until(Duration::from_secs(10), "the worker to LISTEN", || async {
+        let n: i64 = db
+            .scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'")
+            .await;
+        n == 1
+    })
+    .await;
+    enqueue_webhook(&db, "wake:1", &rx.url("/h"), 3, true).await;
+    wait_for_state(&db, "wake:1", "delivered", Duration::from_secs(10)).await;
+    w.stop().await;
+}
