@@ -63,8 +63,10 @@ fn init_logging(daemon: bool) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("RUST_LOG is not a valid filter: {e}"))?,
         _ => EnvFilter::new(default),
     };
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match std::env::var("OUTBOXD_LOG_FORMAT").as_deref() {
         Ok("json") => builder.json().init(),

@@ -245,6 +245,7 @@ impl Worker {
         // period; attempts not started yet release their rows.
         shared.stopping.cancel();
         let deadline = tokio::time::Instant::now() + cfg.shutdown_grace;
+        while tasks.try_join_next().is_some() {}
         if !tasks.is_empty() {
             tracing::info!(
                 in_flight = tasks.len(),

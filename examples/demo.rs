@@ -1,0 +1,180 @@
+//! The newcomer's first run (`scripts/demo`): the real `outboxd` daemon against a real
+//! PostgreSQL, delivering to webhook receivers this program starts on 127.0.0.1.
+//!
+//! It writes messages inside business transactions (one rolled back), lets one receiver fail
+//! once (the message is retried with the same key) and another refuse for good (the message
+//! is dead-lettered), runs `outboxd run --drain`, and prints what happened.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use outboxd::{NewMessage, enqueue};
+use serde_json::json;
+
+type Seen = Arc<Mutex<BTreeMap<String, Vec<u16>>>>;
+
+// Multi-threaded: the receivers keep answering while this thread waits for the daemon.
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let url = std::env::var("DATABASE_URL")
+        .map_err(|_| anyhow::anyhow!("DATABASE_URL is not set (scripts/demo sets it)"))?;
+    let bin = std::env::var("OUTBOXD_BIN").unwrap_or_else(|_| "target/debug/outboxd".into());
+    let pg = outboxd::db::parse_url(&url)?;
+    let mut client = outboxd::db::connect(&pg).await?;
+
+    step("1. migrate: outboxd migrate");
+    run(Command::new(&bin).arg("migrate").env("DATABASE_URL", &url))?;
+
+    step(
+        "2. start webhook receivers on 127.0.0.1 (/orders answers 204, /flaky 503 once, /gone 410)",
+    );
+    let seen: Seen = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let app = axum::Router::new()
+        .route("/{name}", axum::routing::post(receive))
+        .with_state(seen.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    step("3. business transactions that enqueue webhooks");
+    client
+        .batch_execute("CREATE TABLE IF NOT EXISTS demo_orders (id bigint PRIMARY KEY, state text NOT NULL); TRUNCATE demo_orders")
+        .await?;
+    let run_id = std::process::id();
+    let key = |order: u32, step: &str| format!("demo-{run_id}:order-{order}:{step}");
+    for (order, path, commit) in [
+        (1, "orders", true),
+        (2, "orders", false),
+        (3, "flaky", true),
+        (4, "gone", true),
+    ] {
+        let tx = client.transaction().await?;
+        tx.execute(
+            "INSERT INTO demo_orders VALUES ($1, 'paid')",
+            &[&i64::from(order)],
+        )
+        .await?;
+        let msg = NewMessage::webhook(
+            key(order, "paid"),
+            json!({"url": format!("{base}/{path}"), "body": {"order": order, "event": "order.paid"}}),
+        );
+        let e = enqueue(&tx, &msg).await?;
+        if commit {
+            tx.commit().await?;
+            println!(
+                "   order {order}: committed, message {} enqueued (key {})",
+                e.id,
+                key(order, "paid")
+            );
+        } else {
+            tx.rollback().await?;
+            println!("   order {order}: ROLLED BACK: its message must never be sent");
+        }
+    }
+    // Enqueueing the same key again is a no-op that returns the first record.
+    let again = enqueue(
+        &client,
+        &NewMessage::webhook(
+            key(1, "paid"),
+            json!({"url": format!("{base}/orders"), "body": {"order": 1, "event": "order.paid"}}),
+        ),
+    )
+    .await?;
+    println!(
+        "   order 1 enqueued again with the same key: created = {} (deduplicated)",
+        again.created
+    );
+
+    step("4. run the daemon until the queue is drained: outboxd run --drain");
+    run(Command::new(&bin)
+        .args([
+            "run",
+            "--drain",
+            "--retry-base",
+            "500ms",
+            "--worker-id",
+            "demo-worker",
+        ])
+        .env("DATABASE_URL", &url)
+        .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true") // the receivers are on 127.0.0.1
+        .env("RUST_LOG", "outboxd=info"))?;
+
+    step("5. what happened");
+    let rows = client
+        .query(
+            "SELECT message_key, state, attempts, coalesce(error_class, '-'), coalesce(last_error, '-') \
+             FROM outbox.messages WHERE message_key LIKE $1 ORDER BY id",
+            &[&format!("demo-{run_id}:%")],
+        )
+        .await?;
+    println!(
+        "   {:<34} {:<10} {:>8}  {:<10} last error",
+        "message key", "state", "attempts", "class"
+    );
+    for r in &rows {
+        let (k, s, a, c, e): (String, String, i32, String, String) =
+            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+        println!("   {k:<34} {s:<10} {a:>8}  {c:<10} {e}");
+    }
+    println!("\n   the receivers saw (status answered per request, by key):");
+    for (k, statuses) in seen.lock().unwrap().iter() {
+        println!("   {k:<34} {statuses:?}");
+    }
+    let rolled_back_sent = seen.lock().unwrap().contains_key(&key(2, "paid"));
+    println!("   the rolled-back order's message was sent: {rolled_back_sent}");
+
+    step("6. outboxd status");
+    run(Command::new(&bin).arg("status").env("DATABASE_URL", &url))?;
+
+    println!("\nWhere to look next:");
+    println!("  - every attempt:   SELECT * FROM outbox.attempts ORDER BY id;");
+    println!(
+        "  - dead letters:    SELECT id, message_key, error_class, last_error FROM outbox.messages WHERE state = 'dead';"
+    );
+    println!(
+        "  - README.md for the SQL and Rust APIs, the CLI and the configuration; ARCHITECTURE.md for the code map."
+    );
+    if rolled_back_sent || rows.len() != 3 {
+        anyhow::bail!("the demo did not go as expected");
+    }
+    Ok(())
+}
+
+/// A receiver: /orders accepts, /flaky fails once per key, /gone refuses for good.
+async fn receive(
+    State(seen): State<Seen>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> StatusCode {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("?")
+        .to_owned();
+    let mut seen = seen.lock().unwrap();
+    let history = seen.entry(key).or_default();
+    let status = match name.as_str() {
+        "flaky" if history.is_empty() => StatusCode::SERVICE_UNAVAILABLE,
+        "gone" => StatusCode::GONE,
+        _ => StatusCode::NO_CONTENT,
+    };
+    history.push(status.as_u16());
+    status
+}
+
+fn step(title: &str) {
+    println!("\n== {title}");
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let status = cmd.status()?;
+    if !status.success() {
+        anyhow::bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
