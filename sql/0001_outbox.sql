@@ -142,9 +142,10 @@ BEGIN
             RAISE EXCEPTION 'payload.url must be a string' USING ERRCODE = '22023', COLUMN = 'payload.url';
         END IF;
     ELSIF channel = 'email' THEN
-        IF NOT coalesce(jsonb_typeof(payload -> 'to') = 'string'
+        IF NOT coalesce((jsonb_typeof(payload -> 'to') = 'string' AND btrim(payload ->> 'to') <> '')
                 OR (jsonb_typeof(payload -> 'to') = 'array' AND jsonb_array_length(payload -> 'to') > 0), false) THEN
-            RAISE EXCEPTION 'payload.to must be a non-empty array of addresses' USING ERRCODE = '22023', COLUMN = 'payload.to';
+            RAISE EXCEPTION 'payload.to must be an address or a non-empty array of addresses'
+                USING ERRCODE = '22023', COLUMN = 'payload.to';
         END IF;
     END IF;
 END
@@ -188,7 +189,8 @@ CREATE TRIGGER messages_notify
 -- * A new key inserts a pending row.
 -- * The same key with the same channel and payload returns the existing id and inserts
 --   nothing, whatever that row's state: the row is the dedup record of the side effect.
--- * The same key with another channel or payload raises SQLSTATE OB409, naming the key.
+-- * The same key with another channel or payload raises SQLSTATE OB409, naming the key
+--   (quoted in the message, verbatim in the error's DETAIL field).
 -- * Bad input raises SQLSTATE 22023 naming the field (also in the error's COLUMN field).
 --
 -- Concurrent callers with one key: ON CONFLICT DO NOTHING waits for the other inserting
@@ -239,6 +241,7 @@ BEGIN
                 RAISE EXCEPTION 'message key % was already used with a different channel or payload',
                     quote_literal(enqueue_row.message_key)
                     USING ERRCODE = 'OB409',
+                          DETAIL = enqueue_row.message_key,
                           HINT = 'a message key names one side effect; use a new key for a new one';
             END IF;
             created := false;

@@ -8,13 +8,30 @@ use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
 
+/// `println!` that ignores a closed stdout (`outboxd dead | head` must not panic).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `print!` that ignores a closed stdout.
+macro_rules! out_part {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 use crate::config::{
     ConfigError, DestinationPolicy, WebhookConfig, WorkerConfig, parse_duration,
     parse_webhook_secret,
 };
 use crate::deliver::{Channel, Deliverers, webhook::WebhookSender};
 use crate::enqueue::{EnqueueError, NewMessage};
-use crate::retry::RetryPolicy;
+use crate::ops::{DeadFilter, ReplayError, ReplaySelection, Target};
+use crate::retry::{ErrorClass, RetryPolicy};
 use crate::worker::Worker;
 
 /// outboxd: a transactional outbox worker for e-mails and webhooks on PostgreSQL.
@@ -37,6 +54,105 @@ pub enum Command {
     Enqueue(EnqueueArgs),
     /// Show message counts by state and channel, and the age of the oldest due message.
     Status(StatusArgs),
+    /// List dead letters, newest first.
+    Dead(DeadArgs),
+    /// Show one message and its attempt history (header values redacted).
+    Show(ShowArgs),
+    /// Move dead messages back to pending, with the same key (all or nothing).
+    Replay(ReplayArgs),
+    /// Delete finished messages older than a given age, in batches.
+    Purge(PurgeArgs),
+}
+
+/// Filters shared by `dead` and `replay --all-dead`.
+#[derive(Debug, Args)]
+pub struct DeadFilterArgs {
+    /// Only this channel (webhook or email).
+    #[arg(long, value_parser = parse_channel)]
+    pub channel: Option<Channel>,
+    /// Only this error class (transient, ambiguous, permanent, invalid, exhausted).
+    #[arg(long, value_parser = parse_error_class)]
+    pub error_class: Option<ErrorClass>,
+    /// Only those that died within this long (e.g. 1h).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub since: Option<Duration>,
+}
+
+impl DeadFilterArgs {
+    fn filter(&self) -> DeadFilter {
+        DeadFilter {
+            channel: self.channel,
+            error_class: self.error_class,
+            since: self.since,
+        }
+    }
+}
+
+/// `outboxd dead`.
+#[derive(Debug, Args)]
+pub struct DeadArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub filter: DeadFilterArgs,
+    /// Most rows to list.
+    #[arg(long, default_value_t = 50)]
+    pub limit: i64,
+    /// Print JSON (an array).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `outboxd show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// A message id (digits only) or key.
+    #[arg(value_name = "ID|KEY")]
+    pub target: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `outboxd replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Message ids (digits only) or keys.
+    #[arg(
+        value_name = "ID|KEY",
+        required_unless_present = "all_dead",
+        conflicts_with = "all_dead"
+    )]
+    pub targets: Vec<String>,
+    /// Replay every dead letter matching the filters.
+    #[arg(long)]
+    pub all_dead: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub filter: DeadFilterArgs,
+    /// Say what would be replayed, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `outboxd purge`.
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Delete rows finished longer ago than this (at least 24h).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub older_than: Duration,
+    /// Also delete dead letters (by dead_at).
+    #[arg(long)]
+    pub include_dead: bool,
+}
+
+fn parse_channel(s: &str) -> Result<Channel, String> {
+    Channel::parse(s).ok_or_else(|| format!("unknown channel {s:?} (webhook or email)"))
+}
+
+fn parse_error_class(s: &str) -> Result<ErrorClass, String> {
+    ErrorClass::parse(s).ok_or_else(|| {
+        format!("unknown error class {s:?} (transient, ambiguous, permanent, invalid or exhausted)")
+    })
 }
 
 /// `outboxd run`.
@@ -204,6 +320,10 @@ pub async fn dispatch(cli: Cli, env: Env) -> Result<(), CliError> {
         Command::Run(args) => run(args, &env).await,
         Command::Enqueue(args) => enqueue(args, &env).await,
         Command::Status(args) => status(args, &env).await,
+        Command::Dead(args) => dead(args, &env).await,
+        Command::Show(args) => show(args, &env).await,
+        Command::Replay(args) => replay(args, &env).await,
+        Command::Purge(args) => purge(args, &env).await,
     }
 }
 
@@ -220,9 +340,9 @@ async fn migrate(env: &Env) -> Result<(), CliError> {
         .await
         .map_err(|e| CliError::Runtime(e.into()))?;
     for f in &report.applied {
-        println!("applied {f}");
+        out!("applied {f}");
     }
-    println!(
+    out!(
         "schema up to date ({} applied now, {} already)",
         report.applied.len(),
         report.already
@@ -317,11 +437,18 @@ async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
     let deliverers = Deliverers {
         webhook: WebhookSender::new(&webhook_cfg)?,
     };
+    let retention_stop = tokio_util::sync::CancellationToken::new();
+    let retention = tokio::spawn(crate::ops::retention_loop(
+        pool.clone(),
+        args.retention,
+        Duration::from_secs(600),
+        retention_stop.clone(),
+    ));
     let worker = Worker::new(pool, worker_cfg, deliverers, Some(pg));
-    worker
-        .run(shutdown_signal())
-        .await
-        .map_err(|e| CliError::Runtime(e.into()))?;
+    let result = worker.run(shutdown_signal()).await;
+    retention_stop.cancel();
+    let _ = retention.await;
+    result.map_err(|e| CliError::Runtime(e.into()))?;
     Ok(())
 }
 
@@ -367,7 +494,7 @@ async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError> {
     let client = connect(env).await?;
     match crate::enqueue::enqueue(&client, &msg).await {
         Ok(e) => {
-            println!(
+            out!(
                 "{} {}",
                 e.id,
                 if e.created { "created" } else { "existing" }
@@ -387,15 +514,15 @@ async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> {
         .map_err(|e| runtime("status failed", e))?;
     if args.json {
         let text = serde_json::to_string(&st).map_err(|e| runtime("status", e))?;
-        println!("{text}");
+        out!("{text}");
         return Ok(());
     }
     let channels: Vec<&String> = st.by_channel.keys().collect();
-    print!("{:<10} {:>10}", "state", "total");
+    out_part!("{:<10} {:>10}", "state", "total");
     for c in &channels {
-        print!(" {:>10}", c);
+        out_part!(" {:>10}", c);
     }
-    println!();
+    out!();
     type Column = fn(&crate::status::Counts) -> i64;
     let rows: [(&str, Column); 4] = [
         ("pending", |c| c.pending),
@@ -404,12 +531,239 @@ async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> {
         ("dead", |c| c.dead),
     ];
     for (name, get) in rows {
-        print!("{name:<10} {:>10}", get(&st.total));
+        out_part!("{name:<10} {:>10}", get(&st.total));
         for c in &channels {
-            print!(" {:>10}", st.by_channel.get(*c).map(get).unwrap_or(0));
+            out_part!(" {:>10}", st.by_channel.get(*c).map(get).unwrap_or(0));
         }
-        println!();
+        out!();
     }
-    println!("oldest due message: {:.1}s", st.oldest_due_seconds);
+    out!("oldest due message: {:.1}s", st.oldest_due_seconds);
+    Ok(())
+}
+
+/// Prints a table: a header row, then rows, columns padded to their widest cell.
+fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}", w = *w))
+            .collect();
+        out!("{}", padded.join("  ").trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+fn json_out<T: serde::Serialize>(value: &T) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| runtime("cannot encode JSON", e))?;
+    out!("{text}");
+    Ok(())
+}
+
+async fn dead(args: DeadArgs, env: &Env) -> Result<(), CliError> {
+    if args.limit < 1 {
+        return Err(ConfigError("--limit must be at least 1".into()).into());
+    }
+    let client = connect(env).await?;
+    let rows = crate::ops::dead_letters(&client, &args.filter.filter(), args.limit)
+        .await
+        .map_err(|e| runtime("listing dead letters failed", e))?;
+    if args.json {
+        return json_out(&rows);
+    }
+    if rows.is_empty() {
+        out!("no dead letters");
+        return Ok(());
+    }
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|d| {
+            vec![
+                d.id.to_string(),
+                d.message_key.clone(),
+                d.channel.clone(),
+                d.attempts.to_string(),
+                d.error_class.clone().unwrap_or_default(),
+                d.dead_at.clone(),
+                d.last_error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "id",
+            "key",
+            "channel",
+            "attempts",
+            "class",
+            "dead_at",
+            "last_error",
+        ],
+        &table,
+    );
+    Ok(())
+}
+
+async fn show(args: ShowArgs, env: &Env) -> Result<(), CliError> {
+    let target = Target::parse(&args.target);
+    let client = connect(env).await?;
+    let detail = crate::ops::show(&client, &target)
+        .await
+        .map_err(|e| runtime("show failed", e))?
+        .ok_or_else(|| CliError::Refused(format!("no such message: {target}")))?;
+    if args.json {
+        return json_out(&detail);
+    }
+    let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+    out!("message {} ({})", detail.id, detail.message_key);
+    out!("  channel      {}", detail.channel);
+    out!("  state        {}", detail.state);
+    out!(
+        "  attempts     {}/{} (retry ambiguous: {})",
+        detail.attempts,
+        detail.max_attempts,
+        detail.retry_ambiguous
+    );
+    out!("  run_after    {}", detail.run_after);
+    out!("  created_at   {}", detail.created_at);
+    out!("  updated_at   {}", detail.updated_at);
+    if detail.lease_owner.is_some() {
+        out!(
+            "  lease        {} until {}",
+            opt(&detail.lease_owner),
+            opt(&detail.lease_expires_at)
+        );
+    }
+    if let Some(t) = &detail.delivered_at {
+        out!("  delivered_at {t}");
+    }
+    if let Some(t) = &detail.dead_at {
+        out!("  dead_at      {t}");
+    }
+    if detail.error_class.is_some() {
+        out!(
+            "  error        {}: {}",
+            opt(&detail.error_class),
+            opt(&detail.last_error)
+        );
+    }
+    if let Some(r) = &detail.response {
+        out!("  response     {r}");
+    }
+    out!("  payload      {}", detail.payload);
+    out!();
+    if detail.history.is_empty() {
+        out!("no attempts yet");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = detail
+        .history
+        .iter()
+        .map(|a| {
+            vec![
+                a.attempt.to_string(),
+                a.outcome.clone(),
+                opt(&a.error_class),
+                a.status
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                if a.deduplicated {
+                    "yes".into()
+                } else {
+                    "no".into()
+                },
+                opt(&a.worker),
+                a.started_at.clone(),
+                opt(&a.error),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "attempt",
+            "outcome",
+            "class",
+            "status",
+            "dedup",
+            "worker",
+            "started_at",
+            "error",
+        ],
+        &rows,
+    );
+    Ok(())
+}
+
+async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> {
+    let selection = if args.all_dead {
+        ReplaySelection::AllDead(args.filter.filter())
+    } else {
+        if args.filter.channel.is_some()
+            || args.filter.error_class.is_some()
+            || args.filter.since.is_some()
+        {
+            return Err(ConfigError(
+                "--channel, --error-class and --since go with --all-dead".into(),
+            )
+            .into());
+        }
+        ReplaySelection::Named(args.targets.iter().map(|t| Target::parse(t)).collect())
+    };
+    let mut client = connect(env).await?;
+    let actor = format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "operator".into())
+    );
+    let replayed = crate::ops::replay(&mut client, &selection, &actor, args.dry_run)
+        .await
+        .map_err(|e| match e {
+            ReplayError::Database(e) => runtime("replay failed", e),
+            refused => CliError::Refused(refused.to_string()),
+        })?;
+    for (id, key) in &replayed {
+        out!(
+            "{} {id} {key}",
+            if args.dry_run {
+                "would replay"
+            } else {
+                "replayed"
+            }
+        );
+    }
+    if args.dry_run {
+        out!(
+            "dry run: {} message(s) would be replayed; nothing changed",
+            replayed.len()
+        );
+    } else {
+        out!("replayed {} message(s)", replayed.len());
+    }
+    Ok(())
+}
+
+async fn purge(args: PurgeArgs, env: &Env) -> Result<(), CliError> {
+    if args.older_than < Duration::from_secs(24 * 3600) {
+        return Err(ConfigError(
+            "--older-than must be at least 24h: a message key's dedup record must outlive the provider's retry window"
+                .into(),
+        )
+        .into());
+    }
+    let client = connect(env).await?;
+    let total = crate::ops::purge(&client, args.older_than, args.include_dead, 1000, |n| {
+        eprintln!("purged {n} message(s) so far");
+    })
+    .await
+    .map_err(|e| runtime("purge failed", e))?;
+    out!("purged {total} message(s)");
     Ok(())
 }

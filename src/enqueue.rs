@@ -123,8 +123,9 @@ impl EnqueueError {
             return EnqueueError::Database(err);
         };
         if db.code().code() == "OB409" {
+            // The function puts the key, verbatim, in DETAIL (the message quotes it).
             EnqueueError::KeyConflict {
-                key: key.to_owned(),
+                key: db.detail().unwrap_or(key).to_owned(),
                 message: db.message().to_owned(),
             }
         } else if *db.code() == SqlState::INVALID_PARAMETER_VALUE {
@@ -194,18 +195,7 @@ pub async fn enqueue_many<C: GenericClient>(
     let rows = client
         .query_typed(queries::ENQUEUE_MANY, &params)
         .await
-        .map_err(|e| {
-            // The database names the key in OB409's message; report the first duplicate we can.
-            let key = e
-                .as_db_error()
-                .and_then(|db| {
-                    keys.iter()
-                        .find(|k| db.message().contains(&format!("'{k}'")))
-                })
-                .map(|k| (*k).to_owned())
-                .unwrap_or_default();
-            EnqueueError::from_db(e, &key)
-        })?;
+        .map_err(|e| EnqueueError::from_db(e, ""))?;
     Ok(rows
         .iter()
         .map(|r| Enqueued {

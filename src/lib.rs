@@ -21,6 +21,7 @@
 //!   keeps them off private networks.
 //! * [`worker`]: the loop: claim, deliver with bounded concurrency, complete in batches.
 //! * [`status`]: counts for operators.
+//! * [`ops`]: operator actions: dead letters, show, replay, retention.
 //! * [`cli`]: the command line (the binary is a thin `main` around it).
 //! * [`config`]: the worker's settings, parsed and validated once at start-up.
 //! * [`db`]: connections and the pool.
@@ -32,6 +33,7 @@ pub mod db;
 pub mod deliver;
 pub mod enqueue;
 pub mod migrate;
+pub mod ops;
 pub mod queries;
 pub mod retry;
 pub mod state;

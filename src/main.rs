@@ -11,6 +11,12 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             return match e.kind() {
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    eprintln!(
+                        "error: a subcommand is required (migrate, run, enqueue, status, dead, show, replay, purge; see outboxd --help)"
+                    );
+                    ExitCode::from(2)
+                }
                 ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
                     let _ = e.print();
                     ExitCode::SUCCESS
@@ -18,12 +24,7 @@ fn main() -> ExitCode {
                 _ => {
                     // One line: clap's first line names the problem; the usage block
                     // that follows it is what --help is for.
-                    let text = e.to_string();
-                    let first = text
-                        .lines()
-                        .find(|l| !l.trim().is_empty())
-                        .unwrap_or("error: bad usage");
-                    eprintln!("{} (see outboxd --help)", first.trim_end());
+                    eprintln!("{} (see outboxd --help)", usage_line(&e));
                     ExitCode::from(2)
                 }
             };
@@ -50,6 +51,23 @@ fn main() -> ExitCode {
             eprintln!("error: {}", outboxd::deliver::one_line(&format!("{e:#}")));
             ExitCode::from(e.exit_code())
         }
+    }
+}
+
+/// clap's message as one line: the lines before its usage block, joined (a missing
+/// argument is named on the line after "not provided:").
+fn usage_line(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let problem: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .collect();
+    if problem.is_empty() {
+        "error: bad usage".to_owned()
+    } else {
+        problem.join(" ")
     }
 }
 

@@ -34,11 +34,18 @@ impl Migration {
 }
 
 /// Every migration, in order. A test checks this list against the files in `sql/`.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox",
-    sql: include_str!("../sql/0001_outbox.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "outbox",
+        sql: include_str!("../sql/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "operations",
+        sql: include_str!("../sql/0002_operations.sql"),
+    },
+];
 
 /// Why migrating failed.
 #[derive(Debug, thiserror::Error)]

@@ -207,3 +207,56 @@ pub const MIGRATE_APPLIED: &str =
 /// Migrations: record one applied file (`$1` version, `$2` name, `$3` checksum).
 pub const MIGRATE_RECORD: &str =
     "INSERT INTO outbox.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)";
+
+/// Dead letters, newest first, filtered: `$1` channel or NULL, `$2` error class or NULL,
+/// `$3` "dead within the last N seconds" or NULL, `$4` limit.
+pub const DEAD_LIST: &str = r#"
+SELECT id, message_key, channel, attempts, error_class, last_error, dead_at
+FROM outbox.messages
+WHERE state = 'dead'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::text IS NULL OR error_class = $2::text)
+  AND ($3::float8 IS NULL OR dead_at >= now() - make_interval(secs => $3::float8))
+ORDER BY dead_at DESC, id DESC
+LIMIT $4
+"#;
+
+/// The ids of every dead letter matching the filters of [`DEAD_LIST`] (`$1`..`$3`), for
+/// `replay --all-dead`.
+pub const DEAD_IDS: &str = r#"
+SELECT id, message_key
+FROM outbox.messages
+WHERE state = 'dead'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::text IS NULL OR error_class = $2::text)
+  AND ($3::float8 IS NULL OR dead_at >= now() - make_interval(secs => $3::float8))
+ORDER BY id
+"#;
+
+/// Resolves message ids (`$1`) and keys (`$2`) to `id, message_key`.
+pub const RESOLVE: &str = r#"
+SELECT id, message_key FROM outbox.messages
+WHERE id = ANY($1::bigint[]) OR message_key = ANY($2::text[])
+"#;
+
+/// One message with every column an operator may want, by id (`$1`).
+pub const SHOW_MESSAGE: &str = r#"
+SELECT id, message_key, channel, state, attempts, max_attempts, retry_ambiguous, payload,
+       run_after, lease_owner, lease_expires_at, error_class, last_error, response,
+       created_at, updated_at, delivered_at, dead_at
+FROM outbox.messages WHERE id = $1
+"#;
+
+/// The history of a message (`$1`), oldest first.
+pub const SHOW_ATTEMPTS: &str = r#"
+SELECT attempt, worker, started_at, finished_at, outcome, error_class, error, status, deduplicated
+FROM outbox.attempts WHERE message_id = $1 ORDER BY id
+"#;
+
+/// Replay dead messages (`$1` ids, `$2` actor) through `outbox.replay`: all or nothing.
+pub const REPLAY: &str = "SELECT id, message_key FROM outbox.replay($1::bigint[], $2::text)";
+
+/// Delete one batch of finished messages through `outbox.purge`: `$1` age in seconds, `$2`
+/// include dead, `$3` batch size. Returns the number deleted.
+pub const PURGE_BATCH: &str =
+    "SELECT outbox.purge(make_interval(secs => $1::float8), $2::bool, $3::int)";

@@ -554,14 +554,14 @@ fn an_unreachable_database_is_a_runtime_failure() {
 }
 
 #[test]
-#[ignore = "bug: with no subcommand the one stderr line is the crate description, not the problem"]
+
 fn no_subcommand_names_the_problem() {
     let out = run(&mut outboxd(Some(UNREACHABLE_URL)));
     assert_usage_error("no subcommand", &out, "subcommand");
 }
 
 #[test]
-#[ignore = "bug: a missing required flag gives a stderr line that does not name the flag"]
+
 fn a_missing_required_flag_is_named() {
     let out = run(outboxd(Some(UNREACHABLE_URL)).args([
         "enqueue",

@@ -649,7 +649,7 @@ async fn bad_input_is_refused_from_sql_with_22023_naming_the_field() {
 }
 
 #[tokio::test]
-#[ignore = "bug: outbox.validate accepts an email whose `to` is an empty string"]
+
 async fn email_with_an_empty_string_to_is_invalid() {
     let db = TestDb::new().await;
     let c = db.client().await;
@@ -977,7 +977,7 @@ async fn enqueue_many_is_all_or_nothing() {
 }
 
 #[tokio::test]
-#[ignore = "bug: enqueue_many reports KeyConflict with an empty key when the key contains a quote or backslash"]
+
 async fn enqueue_many_key_conflict_names_keys_with_quotes() {
     let db = TestDb::new().await;
     let c = db.client().await;
