@@ -1,0 +1,190 @@
+//! The destination check end to end, with the default policy (private networks refused).
+//!
+//! The receiver listens on 127.0.0.1, so any request to a loopback spelling that got
+//! through would be recorded there. The 10.x and 169.254.x cases are refused as literal
+//! IPs before any connection is attempted; they never reach the network.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::receiver::Receiver;
+use common::*;
+use outboxd::config::{DestinationPolicy, WebhookConfig};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// Webhook settings with the given destination policy and a short timeout.
+fn webhook(destinations: DestinationPolicy) -> WebhookConfig {
+    WebhookConfig {
+        timeout: Duration::from_millis(500),
+        signing_key: None,
+        destinations,
+    }
+}
+
+/// Enqueues `url` (built from the receiver's port) under the default policy and checks it
+/// is dead `invalid`, "not allowed", with no request at the receiver.
+async fn refused(key: &str, url: impl FnOnce(u16) -> String) {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    let url = url(rx.addr.port());
+    // max_attempts 3: if the check let it through and the connection failed, it would be
+    // retried (transient), not dead `invalid` at once.
+    enqueue_webhook(&db, key, &url, 3, true).await;
+    let w = RunningWorker::start(
+        &db,
+        test_worker_config("w"),
+        webhook(DestinationPolicy::default()),
+    );
+    let row = wait_for_state(&db, key, "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(
+        row.error_class.as_deref(),
+        Some("invalid"),
+        "{url}: {row:?}"
+    );
+    assert_eq!(row.attempts, 1, "{url}");
+    let err = row.last_error.unwrap_or_default();
+    assert!(err.contains("not allowed"), "{url}: last_error {err:?}");
+    assert_eq!(
+        attempts(&db, key).await,
+        vec![(
+            1,
+            "dead".to_owned(),
+            Some("invalid".to_owned()),
+            None,
+            false
+        )],
+        "{url}"
+    );
+    assert_eq!(rx.requests().len(), 0, "{url} reached the receiver");
+}
+
+#[tokio::test]
+async fn loopback_literal_is_refused() {
+    refused("ssrf:127.0.0.1", |p| format!("http://127.0.0.1:{p}/")).await;
+}
+
+#[tokio::test]
+async fn a_name_resolving_to_loopback_is_refused() {
+    refused("ssrf:localhost", |p| format!("http://localhost:{p}/")).await;
+}
+
+#[tokio::test]
+async fn short_ipv4_form_is_refused() {
+    refused("ssrf:127.1", |p| format!("http://127.1:{p}/")).await;
+}
+
+#[tokio::test]
+async fn decimal_ipv4_form_is_refused() {
+    refused("ssrf:decimal", |p| format!("http://2130706433:{p}/")).await;
+}
+
+#[tokio::test]
+async fn hex_ipv4_form_is_refused() {
+    refused("ssrf:hex", |p| format!("http://0x7f000001:{p}/")).await;
+}
+
+#[tokio::test]
+async fn octal_ipv4_form_is_refused() {
+    refused("ssrf:octal", |p| format!("http://0177.0.0.1:{p}/")).await;
+}
+
+#[tokio::test]
+async fn unspecified_ipv4_is_refused() {
+    // Connecting to 0.0.0.0 reaches the local host on Linux.
+    refused("ssrf:0.0.0.0", |p| format!("http://0.0.0.0:{p}/")).await;
+}
+
+#[tokio::test]
+async fn unspecified_ipv6_is_refused() {
+    refused("ssrf:[::]", |p| format!("http://[::]:{p}/")).await;
+}
+
+#[tokio::test]
+async fn ipv6_loopback_is_refused() {
+    refused("ssrf:[::1]", |p| format!("http://[::1]:{p}/")).await;
+}
+
+#[tokio::test]
+async fn ipv4_mapped_ipv6_loopback_is_refused() {
+    refused("ssrf:mapped", |p| format!("http://[::ffff:127.0.0.1]:{p}/")).await;
+}
+
+#[tokio::test]
+async fn private_network_literal_is_refused_before_connecting() {
+    refused("ssrf:10.0.0.1", |_| "http://10.0.0.1/".to_owned()).await;
+}
+
+#[tokio::test]
+async fn cloud_metadata_address_is_refused_before_connecting() {
+    refused("ssrf:metadata", |_| {
+        "http://169.254.169.254/latest/meta-data".to_owned()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_allowed_host_is_exempt_but_only_by_its_own_name() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    let port = rx.addr.port();
+    enqueue_webhook(
+        &db,
+        "allow:name",
+        &format!("http://localhost:{port}/ok"),
+        3,
+        true,
+    )
+    .await;
+    enqueue_webhook(
+        &db,
+        "allow:ip",
+        &format!("http://127.0.0.1:{port}/no"),
+        3,
+        true,
+    )
+    .await;
+    let policy = DestinationPolicy::from_values(None, Some("localhost")).unwrap();
+    let w = RunningWorker::start(&db, test_worker_config("w"), webhook(policy));
+    let ok = wait_for_state(&db, "allow:name", "delivered", WAIT).await;
+    let no = wait_for_state(&db, "allow:ip", "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(ok.attempts, 1);
+    assert_eq!(no.error_class.as_deref(), Some("invalid"));
+    assert!(
+        no.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("not allowed"),
+        "{:?}",
+        no.last_error
+    );
+    let reqs = rx.requests();
+    assert_eq!(reqs.len(), 1, "only the exempt host got through");
+    assert_eq!(reqs[0].uri.path(), "/ok");
+    assert_eq!(
+        reqs[0].header("idempotency-key").as_deref(),
+        Some("allow:name")
+    );
+}
+
+#[tokio::test]
+async fn allow_private_networks_lets_loopback_through() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    let key = "allow:private";
+    enqueue_webhook(&db, key, &rx.url("/hook"), 3, true).await;
+    let policy = DestinationPolicy {
+        allow_private_networks: true,
+        ..Default::default()
+    };
+    let w = RunningWorker::start(&db, test_worker_config("w"), webhook(policy));
+    let row = wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    assert_eq!(row.attempts, 1);
+    assert_eq!(rx.requests().len(), 1);
+}
