@@ -228,6 +228,11 @@ pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
 impl LogCapture {
     /// Installs a TRACE-level subscriber for the current thread; keep the guard alive.
     pub fn install() -> (LogCapture, tracing::subscriber::DefaultGuard) {
+        // With a single scoped dispatcher, a callsite first reached by a thread that has
+        // none (another test) caches "never interested" and stays silent here. A second,
+        // idle dispatcher alive for the whole process makes tracing re-ask every time.
+        static IDLE: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        IDLE.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
         let cap = LogCapture::default();
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::TRACE)

@@ -35,7 +35,10 @@ pub struct Recorded {
 impl Recorded {
     /// A header's value as text.
     pub fn header(&self, name: &str) -> Option<String> {
-        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
     }
 }
 
@@ -60,10 +63,12 @@ impl Receiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let st = state.clone();
-        let app = axum::Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
-            let st = st.clone();
-            async move { handle(st, method, uri, headers, body).await }
-        });
+        let app = axum::Router::new().fallback(
+            move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+                let st = st.clone();
+                async move { handle(st, method, uri, headers, body).await }
+            },
+        );
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -92,26 +97,48 @@ impl Receiver {
 
     /// Requests carrying this idempotency key.
     pub fn requests_for(&self, key: &str) -> Vec<Recorded> {
-        self.requests().into_iter().filter(|r| r.header("idempotency-key").as_deref() == Some(key)).collect()
+        self.requests()
+            .into_iter()
+            .filter(|r| r.header("idempotency-key").as_deref() == Some(key))
+            .collect()
     }
 
     /// Waits until at least `n` requests arrived.
     pub async fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Recorded> {
         let this = self.clone();
-        super::wait_until(timeout, &format!("{n} requests at the receiver"), move || {
-            let this = this.clone();
-            async move { this.requests().len() >= n }
-        })
+        super::wait_until(
+            timeout,
+            &format!("{n} requests at the receiver"),
+            move || {
+                let this = this.clone();
+                async move { this.requests().len() >= n }
+            },
+        )
         .await;
         self.requests()
     }
 }
 
-async fn handle(st: Arc<Mutex<State>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+async fn handle(
+    st: Arc<Mutex<State>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let reply = {
         let mut s = st.lock().unwrap();
-        s.requests.push(Recorded { method, uri, headers, body, at: Instant::now() });
-        s.script.pop_front().or_else(|| s.default.clone()).unwrap_or(Reply::Status(204))
+        s.requests.push(Recorded {
+            method,
+            uri,
+            headers,
+            body,
+            at: Instant::now(),
+        });
+        s.script
+            .pop_front()
+            .or_else(|| s.default.clone())
+            .unwrap_or(Reply::Status(204))
     };
     match reply {
         Reply::Status(code) => StatusCode::from_u16(code).unwrap().into_response(),

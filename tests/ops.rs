@@ -1,0 +1,400 @@
+//! Operator actions: dead letters, show, replay, purge, retention; through the library and
+//! the real binary.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::receiver::{Receiver, Reply};
+use common::*;
+use outboxd::ops::{self, DeadFilter, ReplayError, ReplaySelection, Target};
+
+/// Marks a message dead as a worker would have (used to set up scenarios quickly).
+async fn kill(db: &TestDb, key: &str, class: &str, age: &str) {
+    db.client()
+        .await
+        .execute(
+            &format!(
+                "UPDATE outbox.messages SET state = 'dead', attempts = 3, error_class = $2, \
+                 last_error = 'HTTP 503 from example.com', dead_at = now() - interval '{age}' \
+                 WHERE message_key = $1"
+            ),
+            &[&key, &class],
+        )
+        .await
+        .unwrap();
+}
+
+async fn deliver_old(db: &TestDb, key: &str, age: &str) {
+    db.client()
+        .await
+        .execute(
+            &format!(
+                "UPDATE outbox.messages SET state = 'delivered', attempts = 1, \
+                 delivered_at = now() - interval '{age}' WHERE message_key = $1"
+            ),
+            &[&key],
+        )
+        .await
+        .unwrap();
+}
+
+fn cli(db: &TestDb, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", db.url())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_newest_first_with_filters() {
+    let db = TestDb::new().await;
+    for k in ["d:1", "d:2", "d:3", "alive"] {
+        enqueue_webhook(&db, k, "https://example.com/h", 3, true).await;
+    }
+    kill(&db, "d:1", "exhausted", "3 hours").await;
+    kill(&db, "d:2", "permanent", "30 minutes").await;
+    kill(&db, "d:3", "exhausted", "1 minute").await;
+    let c = db.client().await;
+    let all = ops::dead_letters(&c, &DeadFilter::default(), 50)
+        .await
+        .unwrap();
+    let keys: Vec<&str> = all.iter().map(|d| d.message_key.as_str()).collect();
+    assert_eq!(keys, ["d:3", "d:2", "d:1"]);
+    let exhausted = DeadFilter {
+        error_class: Some(outboxd::ErrorClass::Exhausted),
+        ..Default::default()
+    };
+    assert_eq!(
+        ops::dead_letters(&c, &exhausted, 50).await.unwrap().len(),
+        2
+    );
+    let recent = DeadFilter {
+        since: Some(Duration::from_secs(3600)),
+        ..Default::default()
+    };
+    assert_eq!(ops::dead_letters(&c, &recent, 50).await.unwrap().len(), 2);
+    assert_eq!(
+        ops::dead_letters(&c, &DeadFilter::default(), 1)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let email = DeadFilter {
+        channel: Some(outboxd::Channel::Email),
+        ..Default::default()
+    };
+    assert!(ops::dead_letters(&c, &email, 50).await.unwrap().is_empty());
+
+    // The CLI: a table by default, the contract's JSON with --json.
+    let (code, out, _) = cli(&db, &["dead", "--error-class", "exhausted", "--json"]);
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let arr = json.as_array().unwrap();
+    assert_eq!(arr.len(), 2);
+    for field in [
+        "id",
+        "message_key",
+        "channel",
+        "attempts",
+        "error_class",
+        "last_error",
+        "dead_at",
+    ] {
+        assert!(arr[0].get(field).is_some(), "missing {field}");
+    }
+    let (code, out, _) = cli(&db, &["dead", "--since", "1h"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines().next().unwrap().starts_with("id"),
+        "a header row: {out}"
+    );
+    assert!(out.contains("d:3") && out.contains("d:2") && !out.contains("d:1"));
+    let (code, _, err) = cli(&db, &["dead", "--error-class", "weird"]);
+    assert_eq!(code, 2);
+    assert_eq!(err.trim().lines().count(), 1);
+}
+
+#[tokio::test]
+async fn show_tells_a_messages_story_with_header_values_redacted() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(503)]);
+    let c = db.client().await;
+    let msg = outboxd::NewMessage::webhook(
+        "show:1",
+        serde_json::json!({"url": rx.url("/h"), "headers": {"Authorization": "Bearer TOPSECRET"}, "body": {"x": 1}}),
+    );
+    let id = outboxd::enqueue(&c, &msg).await.unwrap().id;
+    let w = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
+    wait_for_state(&db, "show:1", "delivered", Duration::from_secs(10)).await;
+    w.stop().await;
+
+    let by_key = ops::show(&c, &Target::Key("show:1".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    let by_id = ops::show(&c, &Target::Id(id)).await.unwrap().unwrap();
+    assert_eq!(by_key, by_id);
+    assert_eq!(by_key.state, "delivered");
+    assert_eq!(by_key.payload["headers"]["Authorization"], "[redacted]");
+    let outcomes: Vec<&str> = by_key.history.iter().map(|a| a.outcome.as_str()).collect();
+    assert_eq!(outcomes, ["retry", "delivered"]);
+    assert_eq!(by_key.history[0].status, Some(503));
+    assert!(
+        ops::show(&c, &Target::Key("nope".into()))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let (code, out, _) = cli(&db, &["show", "show:1"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("delivered") && out.contains("retry") && out.contains("[redacted]"));
+    assert!(!out.contains("TOPSECRET"));
+    let (code, out, _) = cli(&db, &["show", &id.to_string(), "--json"]);
+    assert_eq!(code, 0);
+    assert!(!out.contains("TOPSECRET"));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["history"].as_array().unwrap().len(), 2);
+    let (code, _, err) = cli(&db, &["show", "no-such-key"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no-such-key"));
+}
+
+#[tokio::test]
+async fn replay_sends_a_dead_letter_again_with_the_same_key() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(410)]);
+    enqueue_webhook(&db, "replay:1", &rx.url("/h"), 3, true).await;
+    let w = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
+    let dead = wait_for_state(&db, "replay:1", "dead", Duration::from_secs(10)).await;
+    assert_eq!(dead.error_class.as_deref(), Some("permanent"));
+
+    // The receiver is fixed; an operator replays by key.
+    let (code, out, err) = cli(&db, &["replay", "replay:1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("replayed 1"), "{out}");
+    let row = wait_for_state(&db, "replay:1", "delivered", Duration::from_secs(10)).await;
+    w.stop().await;
+    assert_eq!(row.attempts, 1, "attempts were reset by the replay");
+    assert_eq!(row.id, dead.id);
+    let reqs = rx.requests_for("replay:1");
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0].body, reqs[1].body);
+    let outcomes: Vec<String> = attempts(&db, "replay:1")
+        .await
+        .into_iter()
+        .map(|a| a.1)
+        .collect();
+    assert_eq!(outcomes, ["dead", "replayed", "delivered"]);
+}
+
+#[tokio::test]
+async fn replay_is_all_or_nothing_and_refuses_by_name() {
+    let db = TestDb::new().await;
+    for k in ["r:1", "r:2", "r:pending"] {
+        enqueue_webhook(&db, k, "https://example.com/h", 3, true).await;
+    }
+    kill(&db, "r:1", "exhausted", "1 hour").await;
+    kill(&db, "r:2", "permanent", "1 hour").await;
+    let mut c = db.client().await;
+    let named = |ts: &[&str]| ReplaySelection::Named(ts.iter().map(|t| Target::parse(t)).collect());
+
+    let err = ops::replay(&mut c, &named(&["r:1", "r:pending"]), "test", false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ReplayError::NotDead(m) if m.contains("r:pending")),
+        "{err}"
+    );
+    let err = ops::replay(&mut c, &named(&["r:1", "ghost", "999999"]), "test", false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ReplayError::Unknown(t) if t.len() == 2),
+        "{err}"
+    );
+    assert!(err.to_string().contains("ghost") && err.to_string().contains("999999"));
+    let dead: i64 = db
+        .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'dead'")
+        .await;
+    assert_eq!(dead, 2, "nothing was replayed");
+    let replayed_rows: i64 = db
+        .scalar("SELECT count(*) FROM outbox.attempts WHERE outcome = 'replayed'")
+        .await;
+    assert_eq!(replayed_rows, 0);
+
+    // The CLI refuses the same way, with exit 1 and one line.
+    let (code, _, err) = cli(&db, &["replay", "r:1", "r:pending"]);
+    assert_eq!(code, 1);
+    assert_eq!(err.trim().lines().count(), 1);
+    assert!(err.contains("r:pending"));
+
+    // Dry run changes nothing; --all-dead with a filter takes only the matching rows.
+    let (code, out, _) = cli(
+        &db,
+        &[
+            "replay",
+            "--all-dead",
+            "--error-class",
+            "exhausted",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(code, 0);
+    assert!(out.contains("r:1") && !out.contains("r:2"), "{out}");
+    let dead: i64 = db
+        .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'dead'")
+        .await;
+    assert_eq!(dead, 2);
+    let (code, out, _) = cli(&db, &["replay", "--all-dead", "--error-class", "exhausted"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("replayed 1"), "{out}");
+    assert_eq!(row(&db, "r:1").await.state, "pending");
+    assert_eq!(row(&db, "r:2").await.state, "dead");
+    // IDs and keys may be mixed.
+    let id2 = row(&db, "r:2").await.id.to_string();
+    let (code, _, err) = cli(&db, &["replay", &id2]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(row(&db, "r:2").await.state, "pending");
+    // Filters without --all-dead, and no target at all, are usage errors.
+    assert_eq!(cli(&db, &["replay", "r:1", "--channel", "webhook"]).0, 2);
+    assert_eq!(cli(&db, &["replay"]).0, 2);
+}
+
+#[tokio::test]
+async fn replay_from_sql_follows_the_same_rules() {
+    let db = TestDb::new().await;
+    enqueue_webhook(&db, "s:1", "https://example.com/h", 3, true).await;
+    enqueue_webhook(&db, "s:2", "https://example.com/h", 3, true).await;
+    kill(&db, "s:1", "ambiguous", "1 hour").await;
+    let c = db.client().await;
+    let err = c
+        .query("SELECT * FROM outbox.replay(ARRAY[1, 2])", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().map(|c| c.code()), Some("55000"));
+    let rows = c
+        .query("SELECT id, message_key FROM outbox.replay(ARRAY[1])", &[])
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    let r = row(&db, "s:1").await;
+    assert_eq!(
+        (r.state.as_str(), r.attempts, r.error_class),
+        ("pending", 0, None)
+    );
+}
+
+#[tokio::test]
+async fn purge_deletes_old_finished_rows_in_batches() {
+    let db = TestDb::new().await;
+    for i in 0..2500 {
+        enqueue_webhook(&db, &format!("p:{i}"), "https://example.com/h", 3, true).await;
+        if i == 0 {
+            // Speed: the rest in one statement.
+            db.client()
+                .await
+                .batch_execute(
+                    "INSERT INTO outbox.messages (message_key, channel, payload) \
+                     SELECT 'p:' || g, 'webhook', '{\"url\": \"https://example.com/h\"}' FROM generate_series(1, 2499) g",
+                )
+                .await
+                .unwrap();
+            break;
+        }
+    }
+    let c = db.client().await;
+    c.batch_execute(
+        "UPDATE outbox.messages SET state = 'delivered', attempts = 1, delivered_at = now() - interval '3 days'",
+    )
+    .await
+    .unwrap();
+    enqueue_webhook(&db, "fresh", "https://example.com/h", 3, true).await;
+    deliver_old(&db, "fresh", "1 hour").await;
+    enqueue_webhook(&db, "old-dead", "https://example.com/h", 3, true).await;
+    kill(&db, "old-dead", "permanent", "3 days").await;
+
+    let mut progress = Vec::new();
+    let n = ops::purge(&c, Duration::from_secs(2 * 86_400), false, 1000, |t| {
+        progress.push(t)
+    })
+    .await
+    .unwrap();
+    assert_eq!(n, 2500);
+    assert_eq!(
+        progress,
+        [1000, 2000, 2500],
+        "bounded batches, progress after each"
+    );
+    let left: Vec<String> = c
+        .query("SELECT message_key FROM outbox.messages ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, ["fresh", "old-dead"]);
+
+    let (code, _, err) = cli(&db, &["purge", "--older-than", "1h"]);
+    assert_eq!(code, 2, "below 24h is refused");
+    assert_eq!(err.trim().lines().count(), 1);
+    let (code, out, _) = cli(&db, &["purge", "--older-than", "2d", "--include-dead"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("purged 1"), "{out}");
+    let left: i64 = db.scalar("SELECT count(*) FROM outbox.messages").await;
+    assert_eq!(left, 1);
+    let orphans: i64 = db.scalar("SELECT count(*) FROM outbox.attempts").await;
+    assert_eq!(orphans, 0);
+}
+
+#[tokio::test]
+async fn the_daemon_purges_delivered_rows_past_retention() {
+    let db = TestDb::new().await;
+    enqueue_webhook(&db, "ret:old", "https://example.com/h", 3, true).await;
+    enqueue_webhook(&db, "ret:new", "https://example.com/h", 3, true).await;
+    deliver_old(&db, "ret:old", "8 days").await;
+    deliver_old(&db, "ret:new", "1 day").await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(ops::retention_loop(
+        db.pool(1),
+        Duration::from_secs(7 * 86_400),
+        Duration::from_secs(3600),
+        stop.clone(),
+    ));
+    let c = db.client().await;
+    wait_until(
+        Duration::from_secs(10),
+        "the old delivered row to be purged",
+        || {
+            let c = &c;
+            async move {
+                c.query_opt(
+                    "SELECT 1 FROM outbox.messages WHERE message_key = 'ret:old'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .is_none()
+            }
+        },
+    )
+    .await;
+    stop.cancel();
+    task.await.unwrap();
+    assert_eq!(row(&db, "ret:new").await.state, "delivered");
+}
