@@ -208,6 +208,11 @@ CREATE FUNCTION outbox.enqueue_row(
     OUT created     boolean
 )
 LANGUAGE plpgsql
+-- SECURITY DEFINER: an application role may enqueue (and learn whether its own key exists)
+-- without any right to read or change outbox rows (see sql/grants.sql). The pinned
+-- search_path keeps a caller's objects from standing in for the ones used here.
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_hash     bytea;
@@ -251,6 +256,10 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- Only roles granted it may enqueue through the definer-rights function (sql/grants.sql);
+-- the schema owner always can.
+REVOKE EXECUTE ON FUNCTION outbox.enqueue_row(text, text, jsonb, timestamptz, integer, boolean) FROM PUBLIC;
 
 -- The contract's enqueue: outbox.enqueue_row without the `created` flag.
 CREATE FUNCTION outbox.enqueue(

@@ -1,0 +1,47 @@
+-- Least privilege for outboxd: two group roles, to be granted to your login roles.
+-- Not a migration (role names are a site's choice): run it once with psql as the owner of
+-- the outbox schema, after `outboxd migrate`, then e.g.
+--
+--   GRANT outbox_app TO shop_backend;      -- the application that enqueues
+--   GRANT outbox_worker TO outboxd_daemon;  -- the daemon and the operator CLI
+--
+-- The migrations themselves need the schema owner (CREATE on the database).
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_app') THEN
+        CREATE ROLE outbox_app NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_worker') THEN
+        CREATE ROLE outbox_worker NOLOGIN;
+    END IF;
+END
+$$;
+
+-- The application: enqueue, nothing else. outbox.enqueue_row runs with its owner's rights,
+-- so the role needs no privilege on the tables to enqueue through the functions; it cannot
+-- read payloads (its own or anyone's), nor change a message's state or history. INSERT
+-- allows the plain `INSERT INTO outbox.messages (message_key, channel, payload)` path
+-- (without RETURNING, which would need SELECT).
+GRANT USAGE ON SCHEMA outbox TO outbox_app;
+GRANT EXECUTE ON FUNCTION
+    outbox.enqueue(text, text, jsonb, timestamptz, integer, boolean),
+    outbox.enqueue_row(text, text, jsonb, timestamptz, integer, boolean),
+    outbox.enqueue_many(text[], text[], jsonb[], timestamptz[], integer[], boolean[])
+    TO outbox_app;
+GRANT INSERT (message_key, channel, payload, run_after, max_attempts, retry_ambiguous)
+    ON outbox.messages TO outbox_app;
+
+-- The worker (and the operator CLI: status, dead, show, replay, purge): claim, complete,
+-- release, replay and purge messages, and write their history. No DDL.
+GRANT USAGE ON SCHEMA outbox TO outbox_worker;
+GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.messages TO outbox_worker;
+GRANT SELECT, INSERT ON outbox.attempts TO outbox_worker;
+GRANT SELECT ON outbox.schema_migrations TO outbox_worker;
+GRANT EXECUTE ON FUNCTION
+    outbox.enqueue(text, text, jsonb, timestamptz, integer, boolean),
+    outbox.enqueue_row(text, text, jsonb, timestamptz, integer, boolean),
+    outbox.enqueue_many(text[], text[], jsonb[], timestamptz[], integer[], boolean[]),
+    outbox.replay(bigint[], text),
+    outbox.purge(interval, boolean, integer)
+    TO outbox_worker;
