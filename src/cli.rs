@@ -427,13 +427,12 @@ pub fn worker_settings(
 async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
     let (worker_cfg, webhook_cfg) = worker_settings(&args, env)?;
     let pg = env.database()?;
-    if args.metrics_addr.is_some() {
-        tracing::warn!(
-            "--metrics-addr is accepted but the metrics endpoint is not implemented yet"
-        );
-    }
     // Connections: claims, completions, and the odd status query; LISTEN has its own.
     let pool = crate::db::pool(pg.clone(), 4)?;
+    if let Some(addr) = args.metrics_addr {
+        let handle = crate::metrics::install()?;
+        crate::metrics::serve(addr, pool.clone(), handle).await?;
+    }
     let deliverers = Deliverers {
         webhook: WebhookSender::new(&webhook_cfg)?,
     };

@@ -23,6 +23,7 @@
 //! * [`status`]: counts for operators.
 //! * [`ops`]: operator actions: dead letters, show, replay, retention.
 //! * [`cli`]: the command line (the binary is a thin `main` around it).
+//! * [`metrics`]: Prometheus metrics and the health endpoint.
 //! * [`config`]: the worker's settings, parsed and validated once at start-up.
 //! * [`db`]: connections and the pool.
 
@@ -32,6 +33,7 @@ pub mod config;
 pub mod db;
 pub mod deliver;
 pub mod enqueue;
+pub mod metrics;
 pub mod migrate;
 pub mod ops;
 pub mod queries;

@@ -198,6 +198,7 @@ impl Worker {
                 lock(&shared.summary).dead += batch.gave_up.len() as u64;
             }
             let got = batch.claimed.len();
+            crate::metrics::claim_batch(got);
             for msg in batch.claimed {
                 let Ok(permit) = slots.clone().try_acquire_owned() else {
                     // Cannot happen: only this loop takes permits and it asked for `free`.
@@ -482,6 +483,7 @@ fn log_attempts(
             .find(|(id, _)| *id == c.id)
             .map(|(_, o)| *o)
             .unwrap_or(AttemptOutcome::LeaseLost);
+        crate::metrics::attempt(l.channel, outcome, l.duration);
         match outcome {
             AttemptOutcome::Delivered => summary.delivered += 1,
             AttemptOutcome::Retry => summary.retried += 1,

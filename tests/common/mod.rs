@@ -6,6 +6,7 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod cluster;
 pub mod receiver;
 
 use std::future::Future;

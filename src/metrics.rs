@@ -1,0 +1,158 @@
+//! Metrics and health: `GET /metrics` (Prometheus text) and `GET /healthz`.
+//!
+//! The worker records through the `metrics` facade, which does nothing until
+//! [`install`] sets the Prometheus recorder (only `outboxd run --metrics-addr` does), so
+//! embedding the library costs nothing. Gauges that describe the table (messages by state,
+//! oldest due age) are read from the database at scrape time, so they are true whichever
+//! worker did the work.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use deadpool_postgres::Pool;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::config::ConfigError;
+use crate::deliver::Channel;
+use crate::state::{AttemptOutcome, State as MessageState};
+
+/// Attempts finished, by channel and recorded outcome.
+pub const DELIVERIES_TOTAL: &str = "outboxd_deliveries_total";
+/// Duration of one delivery attempt (the network call), by channel.
+pub const DELIVERY_DURATION: &str = "outboxd_delivery_duration_seconds";
+/// Messages in the table, by state (read at scrape time).
+pub const MESSAGES: &str = "outboxd_messages";
+/// Seconds since the oldest due pending message became due (read at scrape time).
+pub const OLDEST_DUE: &str = "outboxd_oldest_due_seconds";
+/// Rows returned by each claim.
+pub const CLAIM_BATCH_SIZE: &str = "outboxd_claim_batch_size";
+
+/// Records one finished attempt.
+pub fn attempt(channel: Channel, outcome: AttemptOutcome, duration: Duration) {
+    metrics::counter!(DELIVERIES_TOTAL, "channel" => channel.as_str(), "outcome" => outcome.as_str()).increment(1);
+    metrics::histogram!(DELIVERY_DURATION, "channel" => channel.as_str())
+        .record(duration.as_secs_f64());
+}
+
+/// Records the size of one claim.
+pub fn claim_batch(rows: usize) {
+    metrics::histogram!(CLAIM_BATCH_SIZE).record(rows as f64);
+}
+
+/// Installs the Prometheus recorder for this process (once).
+pub fn install() -> Result<PrometheusHandle, ConfigError> {
+    let duration_buckets = [
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    ];
+    let batch_buckets = [
+        0.0, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0,
+    ];
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(DELIVERY_DURATION.into()), &duration_buckets)
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(CLAIM_BATCH_SIZE.into()), &batch_buckets)
+        })
+        .map_err(|e| ConfigError(format!("metrics: {e}")))?
+        .install_recorder()
+        .map_err(|e| ConfigError(format!("metrics: {e}")))?;
+    metrics::describe_counter!(
+        DELIVERIES_TOTAL,
+        "Delivery attempts finished, by channel and outcome."
+    );
+    metrics::describe_histogram!(
+        DELIVERY_DURATION,
+        metrics::Unit::Seconds,
+        "Duration of one delivery attempt."
+    );
+    metrics::describe_gauge!(MESSAGES, "Messages in outbox.messages, by state.");
+    metrics::describe_gauge!(
+        OLDEST_DUE,
+        metrics::Unit::Seconds,
+        "Age of the oldest due pending message."
+    );
+    metrics::describe_histogram!(CLAIM_BATCH_SIZE, "Rows returned by each claim.");
+    Ok(handle)
+}
+
+#[derive(Clone)]
+struct AppState {
+    pool: Pool,
+    handle: PrometheusHandle,
+}
+
+/// Binds `addr` and serves /metrics and /healthz until the process ends. Returns the bound
+/// address (useful with port 0).
+pub async fn serve(
+    addr: SocketAddr,
+    pool: Pool,
+    handle: PrometheusHandle,
+) -> Result<SocketAddr, ConfigError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| ConfigError(format!("--metrics-addr {addr}: cannot listen: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| ConfigError(format!("--metrics-addr: {e}")))?;
+    let app = axum::Router::new()
+        .route("/metrics", axum::routing::get(metrics_route))
+        .route("/healthz", axum::routing::get(healthz))
+        .with_state(AppState { pool, handle });
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    });
+    tracing::info!(addr = %bound, "serving /metrics and /healthz");
+    Ok(bound)
+}
+
+/// A bounded wait for the database, so a scrape or a probe never hangs on an outage.
+const DB_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn metrics_route(State(st): State<AppState>) -> impl IntoResponse {
+    let status = tokio::time::timeout(DB_TIMEOUT, async {
+        let client = st.pool.get().await.map_err(|e| e.to_string())?;
+        crate::status::status(&**client)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    match status {
+        Ok(Ok(s)) => {
+            for state in MessageState::ALL {
+                let n = match state {
+                    MessageState::Pending => s.total.pending,
+                    MessageState::Running => s.total.running,
+                    MessageState::Delivered => s.total.delivered,
+                    MessageState::Dead => s.total.dead,
+                };
+                metrics::gauge!(MESSAGES, "state" => state.as_str()).set(n as f64);
+            }
+            metrics::gauge!(OLDEST_DUE).set(s.oldest_due_seconds);
+        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "metrics: cannot read message counts"),
+        Err(_) => tracing::warn!("metrics: reading message counts timed out"),
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        st.handle.render(),
+    )
+}
+
+async fn healthz(State(st): State<AppState>) -> impl IntoResponse {
+    let ok = tokio::time::timeout(DB_TIMEOUT, async {
+        let client = st.pool.get().await.ok()?;
+        client.simple_query("SELECT 1").await.ok()
+    })
+    .await;
+    match ok {
+        Ok(Some(_)) => (StatusCode::OK, "ok\n"),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "database unreachable\n"),
+    }
+}
