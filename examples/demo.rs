@@ -2,8 +2,9 @@
 //! PostgreSQL, delivering to webhook receivers this program starts on 127.0.0.1.
 //!
 //! It writes messages inside business transactions (one rolled back), lets one receiver fail
-//! once (the message is retried with the same key) and another refuse for good (the message
-//! is dead-lettered), runs `outboxd run --drain`, and prints what happened.
+//! once (the message is retried with the same key) and another refuse (the message is
+//! dead-lettered), runs `outboxd run --drain`, shows the dead letter, replays it once the
+//! receiver is "fixed", and prints what happened.
 
 #![allow(clippy::unwrap_used)]
 
@@ -18,6 +19,9 @@ use serde_json::json;
 
 type Seen = Arc<Mutex<BTreeMap<String, Vec<u16>>>>;
 
+/// Set once the demo "fixes" the /gone receiver, before the replay.
+static FIXED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 // Multi-threaded: the receivers keep answering while this thread waits for the daemon.
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -31,7 +35,7 @@ async fn main() -> anyhow::Result<()> {
     run(Command::new(&bin).arg("migrate").env("DATABASE_URL", &url))?;
 
     step(
-        "2. start webhook receivers on 127.0.0.1 (/orders answers 204, /flaky 503 once, /gone 410)",
+        "2. start webhook receivers on 127.0.0.1 (/orders answers 204, /flaky 503 once, /gone 410 until fixed)",
     );
     let seen: Seen = Arc::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -128,8 +132,35 @@ async fn main() -> anyhow::Result<()> {
     let rolled_back_sent = seen.lock().unwrap().contains_key(&key(2, "paid"));
     println!("   the rolled-back order's message was sent: {rolled_back_sent}");
 
-    step("6. outboxd status");
+    step("6. the dead letter: outboxd dead, then outboxd show");
+    run(Command::new(&bin).arg("dead").env("DATABASE_URL", &url))?;
+    run(Command::new(&bin)
+        .args(["show", &key(4, "paid")])
+        .env("DATABASE_URL", &url))?;
+
+    step("7. the receiver is fixed; replay the dead letter (same key): outboxd replay");
+    FIXED.store(true, std::sync::atomic::Ordering::SeqCst);
+    run(Command::new(&bin)
+        .args(["replay", &key(4, "paid")])
+        .env("DATABASE_URL", &url))?;
+    run(Command::new(&bin)
+        .args(["run", "--drain", "--worker-id", "demo-worker"])
+        .env("DATABASE_URL", &url)
+        .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true")
+        .env("RUST_LOG", "outboxd=info"))?;
+    run(Command::new(&bin)
+        .args(["show", &key(4, "paid")])
+        .env("DATABASE_URL", &url))?;
+
+    step("8. outboxd status");
     run(Command::new(&bin).arg("status").env("DATABASE_URL", &url))?;
+    let replayed_state: String = client
+        .query_one(
+            "SELECT state FROM outbox.messages WHERE message_key = $1",
+            &[&key(4, "paid")],
+        )
+        .await?
+        .get(0);
 
     println!("\nWhere to look next:");
     println!("  - every attempt:   SELECT * FROM outbox.attempts ORDER BY id;");
@@ -139,13 +170,13 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "  - README.md for the SQL and Rust APIs, the CLI and the configuration; ARCHITECTURE.md for the code map."
     );
-    if rolled_back_sent || rows.len() != 3 {
+    if rolled_back_sent || rows.len() != 3 || replayed_state != "delivered" {
         anyhow::bail!("the demo did not go as expected");
     }
     Ok(())
 }
 
-/// A receiver: /orders accepts, /flaky fails once per key, /gone refuses for good.
+/// A receiver: /orders accepts, /flaky fails once per key, /gone refuses until fixed.
 async fn receive(
     State(seen): State<Seen>,
     Path(name): Path<String>,
@@ -160,7 +191,7 @@ async fn receive(
     let history = seen.entry(key).or_default();
     let status = match name.as_str() {
         "flaky" if history.is_empty() => StatusCode::SERVICE_UNAVAILABLE,
-        "gone" => StatusCode::GONE,
+        "gone" if !FIXED.load(std::sync::atomic::Ordering::SeqCst) => StatusCode::GONE,
         _ => StatusCode::NO_CONTENT,
     };
     history.push(status.as_u16());
