@@ -134,6 +134,12 @@ BEGIN
     IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
         RAISE EXCEPTION 'payload must be a JSON object' USING ERRCODE = '22023', COLUMN = 'payload';
     END IF;
+    -- 1 MiB of JSON text: an outbox row is a notification, not a file transfer, and a
+    -- bounded row keeps claims and completions cheap.
+    IF octet_length(payload::text) > 1048576 THEN
+        RAISE EXCEPTION 'payload must be at most 1 MiB of JSON (got % bytes)', octet_length(payload::text)
+            USING ERRCODE = '22023', COLUMN = 'payload';
+    END IF;
     IF max_attempts IS NULL OR max_attempts < 1 THEN
         RAISE EXCEPTION 'max_attempts must be at least 1' USING ERRCODE = '22023', COLUMN = 'max_attempts';
     END IF;
