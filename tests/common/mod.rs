@@ -7,6 +7,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod cluster;
+pub mod faulty;
 pub mod receiver;
 
 use std::future::Future;
