@@ -131,26 +131,60 @@ impl Guard {
     }
 }
 
-/// The HTTP client's DNS resolver: the system resolver, then [`Guard::filter`].
-#[derive(Debug, Clone)]
+/// A name lookup: the system resolver, or a stand-in (tests use one that changes its answer
+/// between calls, as a rebinding DNS server would).
+type Lookup = Arc<dyn Fn(&str) -> std::io::Result<Vec<SocketAddr>> + Send + Sync>;
+
+/// The HTTP client's DNS resolver: a lookup, then [`Guard::filter`]. The HTTP client
+/// connects only to the addresses this returns, so the check is on the address actually
+/// connected to, at the moment of connecting: a second, different answer to a later lookup
+/// (DNS rebinding) is checked again.
+#[derive(Clone)]
 pub struct GuardedResolver {
     guard: Guard,
+    lookup: Option<Lookup>,
+}
+
+impl std::fmt::Debug for GuardedResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardedResolver")
+            .field("guard", &self.guard)
+            .finish_non_exhaustive()
+    }
 }
 
 impl GuardedResolver {
-    /// A resolver that applies `guard` to every answer.
+    /// A resolver that applies `guard` to every answer of the system resolver.
     pub fn new(guard: Guard) -> Self {
-        GuardedResolver { guard }
+        GuardedResolver {
+            guard,
+            lookup: None,
+        }
+    }
+
+    /// A resolver that applies `guard` to the answers of `lookup` instead.
+    pub fn with_lookup(
+        guard: Guard,
+        lookup: impl Fn(&str) -> std::io::Result<Vec<SocketAddr>> + Send + Sync + 'static,
+    ) -> Self {
+        GuardedResolver {
+            guard,
+            lookup: Some(Arc::new(lookup)),
+        }
     }
 }
 
 impl reqwest::dns::Resolve for GuardedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let guard = self.guard.clone();
+        let lookup = self.lookup.clone();
         Box::pin(async move {
             let host = name.as_str().to_owned();
-            let addrs = tokio::net::lookup_host((host.as_str(), 0)).await?;
-            let kept = guard.filter(&host, addrs)?;
+            let addrs: Vec<SocketAddr> = match lookup {
+                Some(f) => f(&host)?,
+                None => tokio::net::lookup_host((host.as_str(), 0)).await?.collect(),
+            };
+            let kept = guard.filter(&host, addrs.into_iter())?;
             Ok(Box::new(kept.into_iter()) as reqwest::dns::Addrs)
         })
     }
@@ -232,6 +266,52 @@ mod tests {
             Some(url::Host::Ipv6(v6)) => assert!(is_forbidden(IpAddr::V6(v6))),
             other => panic!("unexpected host {other:?}"),
         }
+    }
+
+    /// A DNS server that answers a public address first and a private one after (rebinding):
+    /// the second answer is refused when it is looked up, which is when the client would
+    /// connect to it.
+    #[tokio::test]
+    async fn a_rebinding_answer_is_refused_when_it_comes() {
+        use reqwest::dns::Resolve as _;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let resolver =
+            GuardedResolver::with_lookup(Guard::new(DestinationPolicy::default()), move |_| {
+                let ip = if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                    [93, 184, 216, 34]
+                } else {
+                    [127, 0, 0, 1]
+                };
+                Ok(vec![SocketAddr::from((ip, 0))])
+            });
+        let name = |s: &str| s.parse::<reqwest::dns::Name>().expect("name");
+        let first: Vec<SocketAddr> = resolver
+            .resolve(name("rebind.example"))
+            .await
+            .expect("public answer")
+            .collect();
+        assert_eq!(first, vec![SocketAddr::from(([93, 184, 216, 34], 0))]);
+        let second = resolver
+            .resolve(name("rebind.example"))
+            .await
+            .err()
+            .expect("private answer refused");
+        assert!(second.to_string().contains("not allowed"), "{second}");
+        // A mixed answer keeps only the allowed addresses: the client cannot pick the private one.
+        let mixed = GuardedResolver::with_lookup(Guard::new(DestinationPolicy::default()), |_| {
+            Ok(vec![
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                SocketAddr::from(([93, 184, 216, 34], 0)),
+            ])
+        });
+        let kept: Vec<SocketAddr> = mixed
+            .resolve(name("mixed.example"))
+            .await
+            .expect("one allowed")
+            .collect();
+        assert_eq!(kept, vec![SocketAddr::from(([93, 184, 216, 34], 0))]);
     }
 
     #[test]
