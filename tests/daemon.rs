@@ -303,21 +303,7 @@ async fn a_database_restart_loses_nothing() {
     // New work after the restart is picked up: the LISTEN connection came back.
     let c = connect(&admin).await;
     enqueue_range(&c, 50..80, &rx.url("/h")).await;
-    wait_until(Duration::from_secs(30), "all 80 delivered", || {
-        let c = &c;
-        async move {
-            let n: i64 = c
-                .query_one(
-                    "SELECT count(*) FROM outbox.messages WHERE state = 'delivered'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            n == 80
-        }
-    })
-    .await;
+    wait_for_count(&c, "delivered", 80, Duration::from_secs(30)).await;
     signal(&child, "TERM");
     let (code, err) =
         tokio::task::spawn_blocking(move || wait_exit(child, Duration::from_secs(20)))

@@ -87,21 +87,7 @@ async fn two_workers_deliver_every_message_exactly_once() {
     let w1 = RunningWorker::start(&db, cfg("w1"), test_webhook_config());
     let w2 = RunningWorker::start(&db, cfg("w2"), test_webhook_config());
     let c = db.client().await;
-    wait_until(Duration::from_secs(30), "all 300 delivered", || {
-        let c = &c;
-        async move {
-            let n: i64 = c
-                .query_one(
-                    "SELECT count(*) FROM outbox.messages WHERE state = 'delivered'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            n == 300
-        }
-    })
-    .await;
+    wait_for_count(&c, "delivered", 300, Duration::from_secs(30)).await;
     let (s1, s2) = (w1.stop().await, w2.stop().await);
     assert_eq!(s1.delivered + s2.delivered, 300);
     let mut per_key: HashMap<String, usize> = HashMap::new();
@@ -369,25 +355,7 @@ async fn a_killed_worker_process_loses_its_lease_and_another_finishes() {
 
     let w = RunningWorker::start(&db, test_worker_config("rescuer"), test_webhook_config());
     let c = db.client().await;
-    wait_until(
-        Duration::from_secs(20),
-        "all 5 delivered by the rescuer",
-        || {
-            let c = &c;
-            async move {
-                let n: i64 = c
-                    .query_one(
-                        "SELECT count(*) FROM outbox.messages WHERE state = 'delivered'",
-                        &[],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
-                n == 5
-            }
-        },
-    )
-    .await;
+    wait_for_count(&c, "delivered", 5, Duration::from_secs(20)).await;
     w.stop().await;
     for i in 0..5 {
         let key = format!("kill:{i}");

@@ -211,25 +211,7 @@ async fn the_worker_role_runs_the_daemon_and_the_operator_commands() {
             .len(),
         1
     );
-    wait_until(
-        Duration::from_secs(10),
-        "the replayed message delivered",
-        || {
-            let c = &c;
-            async move {
-                let n: i64 = c
-                    .query_one(
-                        "SELECT count(*) FROM outbox.messages WHERE state = 'delivered'",
-                        &[],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
-                n == 2
-            }
-        },
-    )
-    .await;
+    wait_for_count(&c, "delivered", 2, Duration::from_secs(10)).await;
     outboxd::ops::purge(&wc, Duration::from_secs(86_400), true, 100, |_| {})
         .await
         .unwrap();

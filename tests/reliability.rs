@@ -130,11 +130,7 @@ async fn workers_killed_mid_batch_lose_nothing_and_duplicate_only_what_they_held
         let id = format!("crash-{victim}-{generation}");
         workers.insert(victim, (id.clone(), spawn_worker(&db, &id)));
     }
-    wait_until(Duration::from_secs(120), "every message delivered", || {
-        let c = &c;
-        async move { count_state(c, "delivered").await == N as i64 }
-    })
-    .await;
+    wait_for_count(&c, "delivered", N as i64, Duration::from_secs(120)).await;
     let elapsed = t0.elapsed();
     for (_, mut child) in workers {
         let _ = child.kill();
@@ -191,11 +187,7 @@ async fn many_workers_deliver_every_key_exactly_once() {
         })
         .collect();
     let c = db.client().await;
-    wait_until(Duration::from_secs(60), "every message delivered", || {
-        let c = &c;
-        async move { count_state(c, "delivered").await == N as i64 }
-    })
-    .await;
+    wait_for_count(&c, "delivered", N as i64, Duration::from_secs(60)).await;
     let elapsed = t0.elapsed();
     let mut delivered_by = Vec::new();
     for w in workers {
@@ -382,11 +374,7 @@ async fn terminated_database_connections_lose_nothing() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let terminated = claims_killed + completions_killed;
-    wait_until(Duration::from_secs(60), "every message delivered", || {
-        let c = &c;
-        async move { count_state(c, "delivered").await == N as i64 }
-    })
-    .await;
+    wait_for_count(&c, "delivered", N as i64, Duration::from_secs(60)).await;
     let _ = stop_tx.send(());
     run.await.unwrap().unwrap();
     let lease_lost: i64 = c

@@ -354,3 +354,20 @@ pub async fn enqueue_webhook(
     .retry_ambiguous(retry_ambiguous);
     outboxd::enqueue(&c, &msg).await.expect("enqueue").id
 }
+
+/// Waits until exactly `n` messages are in `state` (counted through `c`).
+pub async fn wait_for_count(c: &Client, state: &str, n: i64, timeout: Duration) {
+    let what = format!("{n} messages {state}");
+    wait_until(timeout, &what, || async move {
+        let got: i64 = c
+            .query_one(
+                "SELECT count(*) FROM outbox.messages WHERE state = $1",
+                &[&state],
+            )
+            .await
+            .map(|r| r.get(0))
+            .unwrap_or(-1);
+        got == n
+    })
+    .await;
+}
