@@ -68,13 +68,13 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct DeadFilterArgs {
     /// Only this channel (webhook or email).
-    #[arg(long, value_parser = parse_channel)]
+    #[arg(long, env = "OUTBOXD_CHANNEL", value_parser = parse_channel)]
     pub channel: Option<Channel>,
     /// Only this error class (transient, ambiguous, permanent, invalid, exhausted).
-    #[arg(long, value_parser = parse_error_class)]
+    #[arg(long, env = "OUTBOXD_ERROR_CLASS", value_parser = parse_error_class)]
     pub error_class: Option<ErrorClass>,
     /// Only those that died within this long (e.g. 1h).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "OUTBOXD_SINCE", value_parser = parse_duration, value_name = "DURATION")]
     pub since: Option<Duration>,
 }
 
@@ -95,10 +95,10 @@ pub struct DeadArgs {
     #[allow(missing_docs)]
     pub filter: DeadFilterArgs,
     /// Most rows to list.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, env = "OUTBOXD_LIMIT", default_value_t = 50)]
     pub limit: i64,
     /// Print JSON (an array).
-    #[arg(long)]
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub json: bool,
 }
 
@@ -109,7 +109,7 @@ pub struct ShowArgs {
     #[arg(value_name = "ID|KEY")]
     pub target: String,
     /// Print JSON.
-    #[arg(long)]
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub json: bool,
 }
 
@@ -124,13 +124,13 @@ pub struct ReplayArgs {
     )]
     pub targets: Vec<String>,
     /// Replay every dead letter matching the filters.
-    #[arg(long)]
+    #[arg(long, env = "OUTBOXD_ALL_DEAD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub all_dead: bool,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub filter: DeadFilterArgs,
     /// Say what would be replayed, change nothing.
-    #[arg(long)]
+    #[arg(long, env = "OUTBOXD_DRY_RUN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub dry_run: bool,
 }
 
@@ -138,10 +138,10 @@ pub struct ReplayArgs {
 #[derive(Debug, Args)]
 pub struct PurgeArgs {
     /// Delete rows finished longer ago than this (at least 24h).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "OUTBOXD_OLDER_THAN", value_parser = parse_duration, value_name = "DURATION")]
     pub older_than: Duration,
     /// Also delete dead letters (by dead_at).
-    #[arg(long)]
+    #[arg(long, env = "OUTBOXD_INCLUDE_DEAD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub include_dead: bool,
 }
 
@@ -239,7 +239,7 @@ pub struct EnqueueArgs {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// Print JSON.
-    #[arg(long)]
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub json: bool,
 }
 
@@ -313,6 +313,11 @@ fn runtime(context: &str, e: impl std::fmt::Display) -> CliError {
     CliError::Runtime(anyhow::anyhow!("{context}: {e}"))
 }
 
+/// [`runtime`] for a database error, with its SQLSTATE and message.
+fn db_failed(context: &str, e: &tokio_postgres::Error) -> CliError {
+    runtime(context, crate::db::describe(e))
+}
+
 /// Runs a parsed command.
 pub async fn dispatch(cli: Cli, env: Env) -> Result<(), CliError> {
     match cli.command {
@@ -331,7 +336,7 @@ async fn connect(env: &Env) -> Result<tokio_postgres::Client, CliError> {
     let cfg = env.database()?;
     crate::db::connect(&cfg)
         .await
-        .map_err(|e| runtime("cannot connect to the database", e))
+        .map_err(|e| db_failed("cannot connect to the database", &e))
 }
 
 async fn migrate(env: &Env) -> Result<(), CliError> {
@@ -425,6 +430,7 @@ pub fn worker_settings(
 }
 
 async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
+    let stop = shutdown_signal()?;
     let (worker_cfg, webhook_cfg) = worker_settings(&args, env)?;
     let pg = env.database()?;
     // Connections: claims, completions, and the odd status query; LISTEN has its own.
@@ -444,7 +450,7 @@ async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
         retention_stop.clone(),
     ));
     let worker = Worker::new(pool, worker_cfg, deliverers, Some(pg));
-    let result = worker.run(shutdown_signal()).await;
+    let result = worker.run(stop.cancelled_owned()).await;
     retention_stop.cancel();
     let _ = retention.await;
     result.map_err(|e| CliError::Runtime(e.into()))?;
@@ -452,22 +458,25 @@ async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
 }
 
 /// Resolves at the first SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now (before the first database call, so a
+/// signal during start-up is a graceful stop, not the default kill) and returns a token
+/// cancelled at the first of them.
+fn shutdown_signal() -> Result<tokio_util::sync::CancellationToken, CliError> {
     use tokio::signal::unix::{SignalKind, signal};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-            }
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| runtime("cannot install a SIGTERM handler", e))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| runtime("cannot install a SIGINT handler", e))?;
+    let token = tokio_util::sync::CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
         }
-        _ => {
-            tracing::warn!("cannot install signal handlers; stop with SIGKILL");
-            std::future::pending::<()>().await;
-        }
-    }
+        t.cancel();
+    });
+    Ok(token)
 }
 
 async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError> {
@@ -502,7 +511,7 @@ async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError> {
         }
         Err(EnqueueError::KeyConflict { message, .. }) => Err(CliError::Refused(message)),
         Err(EnqueueError::Invalid { message, .. }) => Err(CliError::Usage(ConfigError(message))),
-        Err(e @ EnqueueError::Database(_)) => Err(runtime("enqueue failed", e)),
+        Err(EnqueueError::Database(e)) => Err(db_failed("enqueue failed", &e)),
     }
 }
 
@@ -510,7 +519,7 @@ async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> {
     let client = connect(env).await?;
     let st = crate::status::status(&client)
         .await
-        .map_err(|e| runtime("status failed", e))?;
+        .map_err(|e| db_failed("status failed", &e))?;
     if args.json {
         let text = serde_json::to_string(&st).map_err(|e| runtime("status", e))?;
         out!("{text}");
@@ -575,7 +584,7 @@ async fn dead(args: DeadArgs, env: &Env) -> Result<(), CliError> {
     let client = connect(env).await?;
     let rows = crate::ops::dead_letters(&client, &args.filter.filter(), args.limit)
         .await
-        .map_err(|e| runtime("listing dead letters failed", e))?;
+        .map_err(|e| db_failed("listing dead letters failed", &e))?;
     if args.json {
         return json_out(&rows);
     }
@@ -617,7 +626,7 @@ async fn show(args: ShowArgs, env: &Env) -> Result<(), CliError> {
     let client = connect(env).await?;
     let detail = crate::ops::show(&client, &target)
         .await
-        .map_err(|e| runtime("show failed", e))?
+        .map_err(|e| db_failed("show failed", &e))?
         .ok_or_else(|| CliError::Refused(format!("no such message: {target}")))?;
     if args.json {
         return json_out(&detail);
@@ -725,7 +734,7 @@ async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> {
     let replayed = crate::ops::replay(&mut client, &selection, &actor, args.dry_run)
         .await
         .map_err(|e| match e {
-            ReplayError::Database(e) => runtime("replay failed", e),
+            ReplayError::Database(e) => db_failed("replay failed", &e),
             refused => CliError::Refused(refused.to_string()),
         })?;
     for (id, key) in &replayed {
@@ -762,7 +771,7 @@ async fn purge(args: PurgeArgs, env: &Env) -> Result<(), CliError> {
         eprintln!("purged {n} message(s) so far");
     })
     .await
-    .map_err(|e| runtime("purge failed", e))?;
+    .map_err(|e| db_failed("purge failed", &e))?;
     out!("purged {total} message(s)");
     Ok(())
 }

@@ -47,9 +47,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             ));
         }
     };
-    n.checked_mul(unit_ms)
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("invalid duration {s:?}: too large"))
+    // Ten years is longer than any lease, timeout, retry delay or retention makes sense
+    // for, and keeps every `now() + d` inside PostgreSQL's timestamp range.
+    const MAX_MS: u64 = 3650 * 86_400_000;
+    match n.checked_mul(unit_ms) {
+        Some(ms) if ms <= MAX_MS => Ok(Duration::from_millis(ms)),
+        _ => Err(format!("invalid duration {s:?}: at most 3650d")),
+    }
 }
 
 /// Formats a duration the way [`parse_duration`] reads it (largest exact unit).

@@ -21,6 +21,15 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, ConfigError> {
     if cfg.get_connect_timeout().is_none() {
         cfg.connect_timeout(Duration::from_secs(10));
     }
+    // A database that vanishes without closing its connections (a partition, a failover
+    // whose address moved) must not hold the worker for the kernel's ~15 minutes of
+    // retransmissions: unacknowledged writes fail after 30 s, and idle connections are
+    // probed by keepalives.
+    cfg.keepalives(true);
+    cfg.keepalives_idle(Duration::from_secs(30));
+    cfg.keepalives_interval(Duration::from_secs(10));
+    cfg.keepalives_retries(3);
+    cfg.tcp_user_timeout(Duration::from_secs(30));
     Ok(cfg)
 }
 
@@ -53,4 +62,30 @@ pub async fn connect(cfg: &tokio_postgres::Config) -> Result<Client, tokio_postg
         }
     });
     Ok(client)
+}
+
+/// One line about a database error: the SQLSTATE and the server's message, or the
+/// connection problem. tokio-postgres's own Display says only "db error". The server's
+/// DETAIL is left out on purpose: for a constraint violation it quotes the failing row,
+/// payload included.
+pub fn describe(err: &tokio_postgres::Error) -> String {
+    if let Some(db) = err.as_db_error() {
+        return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    }
+    let mut out = err.to_string();
+    let mut src = std::error::Error::source(err);
+    while let Some(e) = src {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        src = e.source();
+    }
+    out
+}
+
+/// [`describe`] for a pool checkout error.
+pub fn describe_pool(err: &deadpool_postgres::PoolError) -> String {
+    match err {
+        deadpool_postgres::PoolError::Backend(e) => describe(e),
+        other => other.to_string(),
+    }
 }

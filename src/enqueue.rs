@@ -113,7 +113,7 @@ pub enum EnqueueError {
         message: String,
     },
     /// Any other database error (connection lost, permission denied, …).
-    #[error("database error: {0}")]
+    #[error("database error: {}", crate::db::describe(.0))]
     Database(#[source] tokio_postgres::Error),
 }
 

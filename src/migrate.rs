@@ -64,7 +64,7 @@ pub enum MigrateError {
         current: String,
     },
     /// The database refused a statement.
-    #[error("database error while migrating: {0}")]
+    #[error("database error while migrating: {}", crate::db::describe(.0))]
     Database(#[from] tokio_postgres::Error),
 }
 

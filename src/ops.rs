@@ -189,11 +189,24 @@ pub struct MessageDetail {
     pub history: Vec<AttemptRecord>,
 }
 
-/// Replaces the values of `payload.headers` with `[redacted]`.
+/// Replaces the values of `payload.headers` with `[redacted]`, and the password and query
+/// of `payload.url` (where tokens and credentials usually sit); the path is kept so that an
+/// operator can tell endpoints apart.
 pub fn redact_payload(mut payload: serde_json::Value) -> serde_json::Value {
     if let Some(headers) = payload.get_mut("headers").and_then(|h| h.as_object_mut()) {
         for v in headers.values_mut() {
             *v = serde_json::Value::String("[redacted]".into());
+        }
+    }
+    if let Some(serde_json::Value::String(url)) = payload.get_mut("url") {
+        if let Ok(mut parsed) = url::Url::parse(url) {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("redacted"));
+            }
+            if parsed.query().is_some() {
+                parsed.set_query(Some("redacted"));
+            }
+            *url = parsed.to_string();
         }
     }
     payload
@@ -325,7 +338,7 @@ pub enum ReplayError {
     #[error("{0}")]
     NotDead(String),
     /// The database failed.
-    #[error("database error: {0}")]
+    #[error("database error: {}", crate::db::describe(.0))]
     Database(#[from] tokio_postgres::Error),
 }
 
@@ -431,10 +444,12 @@ pub async fn retention_loop(
             Ok(client) => match purge(&**client, retention, false, 1000, |_| {}).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(deleted = n, "retention: purged delivered messages"),
-                Err(e) => tracing::warn!(error = %e, "retention purge failed; will try again"),
+                Err(e) => {
+                    tracing::warn!(error = %crate::db::describe(&e), "retention purge failed; will try again")
+                }
             },
             Err(e) => {
-                tracing::warn!(error = %e, "retention purge: no database connection; will try again")
+                tracing::warn!(error = %crate::db::describe_pool(&e), "retention purge: no database connection; will try again")
             }
         }
 
@@ -467,9 +482,10 @@ mod tests {
 
     #[test]
     fn header_values_are_redacted() {
-        let p = serde_json::json!({"url": "https://x", "headers": {"Authorization": "Bearer s3cret"}, "body": 1});
+        let p = serde_json::json!({"url": "https://u:pw@x.example/hooks/a?token=t0k", "headers": {"Authorization": "Bearer s3cret"}, "body": 1});
         let r = redact_payload(p);
         assert_eq!(r["headers"]["Authorization"], "[redacted]");
+        assert_eq!(r["url"], "https://u:redacted@x.example/hooks/a?redacted");
         assert_eq!(r["body"], 1);
     }
 }

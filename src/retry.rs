@@ -111,7 +111,14 @@ impl RetryPolicy {
             .base
             .saturating_mul(2u32.saturating_pow(exp))
             .min(self.max);
-        let factor = 1.0 - 0.2 * jitter.clamp(0.0, 1.0);
+        // A sample outside [0, 1], NaN included, counts as no jitter rather than a panic
+        // in Duration::mul_f64.
+        let jitter = if jitter.is_finite() {
+            jitter.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let factor = 1.0 - 0.2 * jitter;
         raw.mul_f64(factor)
     }
 }
@@ -149,6 +156,8 @@ mod tests {
         // Out-of-range samples are clamped, never negative or above the schedule.
         assert_eq!(p.delay(1, None, 7.0), Duration::from_secs(8));
         assert_eq!(p.delay(1, None, -1.0), Duration::from_secs(10));
+        assert_eq!(p.delay(1, None, f64::NAN), Duration::from_secs(10));
+        assert_eq!(p.delay(1, None, f64::INFINITY), Duration::from_secs(10));
     }
 
     #[test]

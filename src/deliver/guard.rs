@@ -50,6 +50,12 @@ fn forbidden_v4(ip: Ipv4Addr) -> bool {
         || a >= 240 // reserved, RFC 1112
 }
 
+fn v4_of(hi: u16, lo: u16) -> Ipv4Addr {
+    let [a, b] = hi.to_be_bytes();
+    let [c, d] = lo.to_be_bytes();
+    Ipv4Addr::new(a, b, c, d)
+}
+
 fn forbidden_v6(ip: Ipv6Addr) -> bool {
     if let Some(v4) = ip.to_ipv4_mapped() {
         return forbidden_v4(v4);
@@ -71,6 +77,18 @@ fn forbidden_v6(ip: Ipv6Addr) -> bool {
             (seg[7] >> 8) as u8,
             seg[7] as u8,
         ));
+    }
+    // SIIT (::ffff:0:a.b.c.d) embeds an IPv4 address; so does 6to4 (2002:AABB:CCDD::/48).
+    if seg[..6] == [0, 0, 0, 0, 0xffff, 0] {
+        return forbidden_v4(v4_of(seg[6], seg[7]));
+    }
+    if seg[0] == 0x2002 {
+        return forbidden_v4(v4_of(seg[1], seg[2]));
+    }
+    // Local-use NAT64 (64:ff9b:1::/48, RFC 8215) translates to whatever the site chose:
+    // refuse the whole prefix.
+    if seg[..3] == [0x64, 0xff9b, 1] {
+        return true;
     }
     ip.is_unspecified()
         || ip.is_loopback()

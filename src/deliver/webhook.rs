@@ -320,8 +320,9 @@ impl WebhookSender {
     /// Classes a transport error, keeping the cause but never the URL.
     ///
     /// * The destination check refused every address: `invalid`.
-    /// * Connecting failed (refused, DNS, TLS, connect timeout): nothing was sent, so
-    ///   `transient`.
+    /// * Connecting failed (refused, DNS, TLS, connect timeout), or the connection was lost
+    ///   before the request was written out (hyper says canceled, or the body write
+    ///   failed): nothing usable was sent, so `transient`.
     /// * Anything after the connection was made (a timeout waiting for the response, a
     ///   reset, a closed connection): the provider may have processed the request, so
     ///   `ambiguous`. hyper does not tell us reliably whether the last byte of the request
@@ -331,10 +332,20 @@ impl WebhookSender {
         let err = err.without_url();
         let mut detail = String::new();
         let mut blocked = None;
+        let mut unsent = false;
         let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&err);
         while let Some(e) = src {
             if let Some(b) = e.downcast_ref::<BlockedDestination>() {
                 blocked = Some(b.to_string());
+            }
+            if let Some(h) = e.downcast_ref::<hyper::Error>() {
+                // Canceled: the connection closed before the request was dispatched to it.
+                // A failed body write: the request was cut short. Either way the receiver
+                // never had a whole request to act on. (hyper has no predicate for the
+                // body-write kind; its message is stable.)
+                if h.is_canceled() || h.to_string() == "error writing a body to connection" {
+                    unsent = true;
+                }
             }
             if !detail.is_empty() {
                 detail.push_str(": ");
@@ -348,6 +359,11 @@ impl WebhookSender {
             (ErrorClass::Invalid, "cannot build the request")
         } else if err.is_connect() {
             (ErrorClass::Transient, "cannot connect")
+        } else if unsent {
+            (
+                ErrorClass::Transient,
+                "connection lost before the request was sent",
+            )
         } else if err.is_timeout() {
             (ErrorClass::Ambiguous, "timed out waiting for the response")
         } else {
