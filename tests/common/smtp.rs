@@ -49,6 +49,8 @@ pub struct Plan {
     pub end_of_data: Answer,
     /// Read this many bytes of content, then close the connection.
     pub drop_after_content_bytes: Option<usize>,
+    /// After the 354, read nothing more and never answer (a relay that stalls mid-content).
+    pub stall_content: bool,
     /// After answering the end of DATA, close the connection (as a relay that limits
     /// messages per connection, or times idle sessions out, does).
     pub close_after: bool,
@@ -62,6 +64,7 @@ impl Default for Plan {
             data: Answer::Ok,
             end_of_data: Answer::Ok,
             drop_after_content_bytes: None,
+            stall_content: false,
             close_after: false,
         }
     }
@@ -161,7 +164,26 @@ pub struct FakeSmtp {
 impl FakeSmtp {
     /// Starts the fake on 127.0.0.1:0; it stops with the test's runtime.
     pub async fn start() -> FakeSmtp {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        FakeSmtp::serve(TcpListener::bind("127.0.0.1:0").await.unwrap())
+    }
+
+    /// Starts a fake whose connections behave like a real network's rather than loopback's:
+    /// an Ethernet-sized MSS (loopback's 64 KiB lets the client's send buffer grow past a
+    /// megabyte) and a small receive buffer, so a client writing more than a few dozen KiB
+    /// to a relay that stops reading blocks.
+    pub async fn start_narrow() -> FakeSmtp {
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_tcp_mss(1400).unwrap();
+        sock.set_recv_buffer_size(8 * 1024).unwrap();
+        let addr: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        sock.bind(&addr.into()).unwrap();
+        sock.listen(64).unwrap();
+        sock.set_nonblocking(true).unwrap();
+        FakeSmtp::serve(TcpListener::from_std(sock.into()).unwrap())
+    }
+
+    fn serve(listener: TcpListener) -> FakeSmtp {
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State::default()));
         let st = state.clone();
@@ -347,6 +369,9 @@ async fn session(stream: TcpStream, st: Arc<Mutex<State>>) -> std::io::Result<()
                 }
                 if !accepts(&p.data) {
                     continue;
+                }
+                if p.stall_content {
+                    std::future::pending::<()>().await;
                 }
                 if let Some(n) = p.drop_after_content_bytes {
                     let mut buf = vec![0u8; n];
