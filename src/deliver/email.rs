@@ -12,7 +12,7 @@
 //! so a lost connection at MAIL FROM (nothing was sent: safe to retry) and a lost
 //! connection while waiting for the reply to the end of DATA (the relay may have queued
 //! the message: retrying may send it twice) come back as the same error. We use lettre's
-//! [`AsyncSmtpConnection`] and issue each command ourselves, recording the [`Phase`] as we
+//! [`AsyncSmtpConnection`] and issue each command ourselves, recording the phase as we
 //! go, so every failure is classed by where it happened:
 //!
 //! | phase | a reply 4xx | a reply 5xx | connection lost or timed out |
@@ -736,16 +736,12 @@ impl EmailSender {
                 let ms = inner.timeout.as_millis();
                 let message = match phase {
                     Phase::EndOfData => format!(
-                        "no reply from {} within {ms}ms {}; the relay may have queued the message",
-                        inner.relay,
-                        phase.describe()
+                        "no reply from {} within {ms}ms after the end of DATA; the relay may have queued the message",
+                        inner.relay
                     ),
                     _ => format!(
-                        "timed out after {ms}ms {} with {}",
-                        match phase {
-                            Phase::Session => "setting up the SMTP session".to_owned(),
-                            p => format!("at {}", p.describe()),
-                        },
+                        "timed out after {ms}ms ({}) with {}",
+                        phase.describe(),
                         inner.relay
                     ),
                 };
