@@ -25,10 +25,10 @@ macro_rules! out_part {
 }
 
 use crate::config::{
-    ConfigError, DestinationPolicy, WebhookConfig, WorkerConfig, parse_duration,
-    parse_webhook_secret,
+    ConfigError, DestinationPolicy, EmailConfig, SmtpUrl, WebhookConfig, WorkerConfig,
+    parse_duration, parse_message_id_domain, parse_webhook_secret,
 };
-use crate::deliver::{Channel, Deliverers, webhook::WebhookSender};
+use crate::deliver::{Channel, Deliverers, email::EmailSender, webhook::WebhookSender};
 use crate::enqueue::{EnqueueError, NewMessage};
 use crate::ops::{DeadFilter, ReplayError, ReplaySelection, Target};
 use crate::retry::{ErrorClass, RetryPolicy};
@@ -195,7 +195,7 @@ pub struct RunArgs {
     /// How long delivered messages are kept (at least 24h).
     #[arg(long, env = "OUTBOXD_RETENTION", default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
     pub retention: Duration,
-    /// Channels to deliver (default: webhook).
+    /// Channels to deliver (default: webhook, plus email when OUTBOXD_SMTP_URL is set).
     #[arg(long, env = "OUTBOXD_CHANNELS", value_name = "LIST")]
     pub channels: Option<String>,
     /// This worker's name in leases and history (default: hostname-pid).
@@ -262,6 +262,8 @@ pub struct Env {
     pub allow_private_networks: Option<String>,
     /// `OUTBOXD_WEBHOOK_ALLOW_HOSTS`.
     pub webhook_allow_hosts: Option<String>,
+    /// `OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN`.
+    pub email_message_id_domain: Option<String>,
 }
 
 impl Env {
@@ -274,6 +276,7 @@ impl Env {
             webhook_secret: var("OUTBOXD_WEBHOOK_SECRET"),
             allow_private_networks: var("OUTBOXD_ALLOW_PRIVATE_NETWORKS"),
             webhook_allow_hosts: var("OUTBOXD_WEBHOOK_ALLOW_HOSTS"),
+            email_message_id_domain: var("OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN"),
         }
     }
 
@@ -355,12 +358,14 @@ async fn migrate(env: &Env) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Builds the worker's settings from flags and environment, validated.
+/// Builds the worker's settings from flags and environment, validated. The e-mail
+/// settings are there when `email` is among the channels.
 pub fn worker_settings(
     args: &RunArgs,
     env: &Env,
-) -> Result<(WorkerConfig, WebhookConfig), ConfigError> {
+) -> Result<(WorkerConfig, WebhookConfig, Option<EmailConfig>), ConfigError> {
     let channels = match &args.channels {
+        None if env.smtp_url.is_some() => vec![Channel::Webhook, Channel::Email],
         None => vec![Channel::Webhook],
         Some(list) => {
             let mut out = Vec::new();
@@ -377,13 +382,32 @@ pub fn worker_settings(
             out
         }
     };
-    if channels.contains(&Channel::Email) {
-        return Err(ConfigError(if env.smtp_url.is_none() {
-            "--channels email needs OUTBOXD_SMTP_URL".into()
-        } else {
-            "the email channel is not available in this version of outboxd".into()
-        }));
+    // The relay's settings are checked whenever they are given, like the webhook secret,
+    // so a bad value shows at the first start rather than when e-mail is switched on.
+    let smtp = env.smtp_url.as_deref().map(SmtpUrl::parse).transpose()?;
+    let message_id_domain = env
+        .email_message_id_domain
+        .as_deref()
+        .map(parse_message_id_domain)
+        .transpose()?;
+    if args.smtp_timeout.is_zero() {
+        return Err(ConfigError("--smtp-timeout must be positive".into()));
     }
+    let email = match smtp {
+        Some(smtp) if channels.contains(&Channel::Email) => Some(EmailConfig {
+            timeout: args.smtp_timeout,
+            message_id_domain,
+            ..EmailConfig::new(smtp)
+        }),
+        Some(_) => None,
+        None if channels.contains(&Channel::Email) => {
+            return Err(ConfigError(
+                "--channels email needs OUTBOXD_SMTP_URL (e.g. smtp://user:pass@smtp.example.com)"
+                    .into(),
+            ));
+        }
+        None => None,
+    };
     if args.retention < Duration::from_secs(24 * 3600) {
         return Err(ConfigError(
             "--retention must be at least 24h: a message key's dedup record must outlive the provider's retry window"
@@ -425,13 +449,23 @@ pub fn worker_settings(
         shutdown_grace: args.shutdown_grace,
         listen: true,
     };
-    worker.validate(args.webhook_timeout)?;
-    Ok((worker, webhook))
+    // The lease must outlast the longest attempt of any channel this worker delivers.
+    let longest = worker
+        .channels
+        .iter()
+        .map(|c| match c {
+            Channel::Webhook => args.webhook_timeout,
+            Channel::Email => args.smtp_timeout,
+        })
+        .max()
+        .unwrap_or(args.webhook_timeout);
+    worker.validate(longest)?;
+    Ok((worker, webhook, email))
 }
 
 async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
     let stop = shutdown_signal()?;
-    let (worker_cfg, webhook_cfg) = worker_settings(&args, env)?;
+    let (worker_cfg, webhook_cfg, email_cfg) = worker_settings(&args, env)?;
     let pg = env.database()?;
     // Connections: claims, completions, and the odd status query; LISTEN has its own.
     let pool = crate::db::pool(pg.clone(), 4)?;
@@ -441,7 +475,11 @@ async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
     }
     let deliverers = Deliverers {
         webhook: WebhookSender::new(&webhook_cfg)?,
+        email: email_cfg.as_ref().map(EmailSender::new).transpose()?,
     };
+    if let Some(cfg) = &email_cfg {
+        tracing::info!(relay = %cfg.smtp, "e-mail delivery through an SMTP relay");
+    }
     let retention_stop = tokio_util::sync::CancellationToken::new();
     let retention = tokio::spawn(crate::ops::retention_loop(
         pool.clone(),

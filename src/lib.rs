@@ -18,7 +18,7 @@
 //!   that maps an attempt's result to the next state.
 //! * [`retry`]: error classes and the retry schedule.
 //! * [`deliver`]: the channels; [`deliver::webhook`] sends HTTP requests, [`deliver::guard`]
-//!   keeps them off private networks.
+//!   keeps them off private networks, [`deliver::email`] sends e-mails through an SMTP relay.
 //! * [`worker`]: the loop: claim, deliver with bounded concurrency, complete in batches.
 //! * [`status`]: counts for operators.
 //! * [`ops`]: operator actions: dead letters, show, replay, retention.

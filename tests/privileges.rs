@@ -170,6 +170,7 @@ async fn the_worker_role_runs_the_daemon_and_the_operator_commands() {
     let pool = outboxd::db::pool(worker.clone(), 2).unwrap();
     let deliverers = outboxd::deliver::Deliverers {
         webhook: outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
+        email: None,
     };
     let w = outboxd::worker::Worker::new(
         pool,

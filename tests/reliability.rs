@@ -334,6 +334,7 @@ async fn terminated_database_connections_lose_nothing() {
     let pool = outboxd::db::pool(pg.clone(), 4).unwrap();
     let deliverers = outboxd::deliver::Deliverers {
         webhook: outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
+        email: None,
     };
     let cfg = outboxd::config::WorkerConfig {
         lease: Duration::from_secs(3),

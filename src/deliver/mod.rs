@@ -5,6 +5,7 @@
 //! [`ErrorClass`], so the worker never inspects transport errors itself. The delivery code
 //! never touches SQL and never holds a database transaction.
 
+pub mod email;
 pub mod guard;
 pub mod webhook;
 
@@ -123,6 +124,8 @@ pub struct Outgoing<'a> {
 pub struct Deliverers {
     /// Webhook delivery (always available).
     pub webhook: webhook::WebhookSender,
+    /// E-mail delivery, when an SMTP relay is configured.
+    pub email: Option<email::EmailSender>,
 }
 
 impl Deliverers {
@@ -134,9 +137,12 @@ impl Deliverers {
     ) -> Result<Delivered, DeliveryError> {
         match channel {
             Channel::Webhook => self.webhook.send(msg).await,
-            Channel::Email => Err(DeliveryError::invalid(
-                "the email channel is not configured on this worker",
-            )),
+            Channel::Email => match &self.email {
+                Some(sender) => sender.send(msg).await,
+                None => Err(DeliveryError::invalid(
+                    "the email channel is not configured on this worker",
+                )),
+            },
         }
     }
 }

@@ -9,14 +9,15 @@
 pub mod cluster;
 pub mod faulty;
 pub mod receiver;
+pub mod smtp;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outboxd::config::{DestinationPolicy, WebhookConfig, WorkerConfig};
-use outboxd::deliver::{Deliverers, webhook::WebhookSender};
+use outboxd::config::{DestinationPolicy, EmailConfig, WebhookConfig, WorkerConfig};
+use outboxd::deliver::{Deliverers, email::EmailSender, webhook::WebhookSender};
 use outboxd::retry::RetryPolicy;
 use outboxd::worker::{RunSummary, Worker};
 use tokio_postgres::{Client, NoTls};
@@ -182,9 +183,20 @@ pub struct RunningWorker {
 impl RunningWorker {
     /// Starts a worker on `db`.
     pub fn start(db: &TestDb, cfg: WorkerConfig, webhook: WebhookConfig) -> RunningWorker {
+        RunningWorker::start_with(db, cfg, webhook, None)
+    }
+
+    /// Starts a worker on `db` that can also send e-mail.
+    pub fn start_with(
+        db: &TestDb,
+        cfg: WorkerConfig,
+        webhook: WebhookConfig,
+        email: Option<EmailConfig>,
+    ) -> RunningWorker {
         let pool = db.pool(4);
         let deliverers = Deliverers {
             webhook: WebhookSender::new(&webhook).expect("webhook sender"),
+            email: email.map(|e| EmailSender::new(&e).expect("email sender")),
         };
         let worker = Worker::new(pool, cfg, deliverers, Some(db.pg.clone()));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

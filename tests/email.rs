@@ -1,0 +1,1094 @@
+//! The e-mail channel, end to end: a worker, a real PostgreSQL, and either a real SMTP
+//! server (aiosmtpd, checking the delivered bytes with Python's e-mail parser) or a
+//! fault-injecting fake for what a real server will not do on demand.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::smtp::{Answer, FakeSmtp, Plan, Sink, closed_port, reply};
+use common::*;
+use outboxd::config::{EmailConfig, SmtpUrl, WorkerConfig};
+use outboxd::deliver::Channel;
+use serde_json::{Value, json};
+use sha2::Digest as _;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// E-mail settings for tests: a 2 s attempt timeout.
+fn email_config(url: &str) -> EmailConfig {
+    EmailConfig {
+        timeout: Duration::from_secs(2),
+        ..EmailConfig::new(SmtpUrl::parse(url).unwrap())
+    }
+}
+
+fn email_worker_config() -> WorkerConfig {
+    WorkerConfig {
+        channels: vec![Channel::Email],
+        ..test_worker_config("mailer")
+    }
+}
+
+fn start(db: &TestDb, email: EmailConfig) -> RunningWorker {
+    RunningWorker::start_with(
+        db,
+        email_worker_config(),
+        test_webhook_config(),
+        Some(email),
+    )
+}
+
+/// `<H@domain>`, H the first 32 hex digits of SHA-256 of the key: computed here from the
+/// contract, independently of the code under test.
+fn expected_message_id(key: &str, domain: &str) -> String {
+    let h = hex::encode(sha2::Sha256::digest(key.as_bytes()));
+    format!("<{}@{domain}>", &h[..32])
+}
+
+fn simple(to: &[&str]) -> Value {
+    json!({"from": "Shop <shop@shop.example>", "to": to, "subject": "Hello", "text": "Hi there"})
+}
+
+async fn enqueue_email(
+    db: &TestDb,
+    key: &str,
+    payload: Value,
+    max_attempts: i32,
+    retry_ambiguous: bool,
+) -> i64 {
+    let c = db.client().await;
+    let msg = outboxd::NewMessage::email(key, payload)
+        .max_attempts(max_attempts)
+        .retry_ambiguous(retry_ambiguous);
+    outboxd::enqueue(&c, &msg).await.expect("enqueue").id
+}
+
+/// Every `attempts.error` of a message.
+async fn attempt_errors(db: &TestDb, key: &str) -> Vec<String> {
+    db.client()
+        .await
+        .query(
+            "SELECT coalesce(a.error, '') FROM outbox.attempts a JOIN outbox.messages m ON m.id = a.message_id \
+             WHERE m.message_key = $1 ORDER BY a.id",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Asserts that nothing of `secrets` shows in the message's last_error or attempt errors.
+async fn assert_no_leak(db: &TestDb, key: &str, secrets: &[&str]) {
+    let r = row(db, key).await;
+    let mut texts = attempt_errors(db, key).await;
+    texts.extend(r.last_error);
+    texts.push(r.response.map(|v| v.to_string()).unwrap_or_default());
+    for t in &texts {
+        for s in secrets {
+            assert!(!t.contains(s), "{s:?} leaked into {t:?}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A real SMTP server (aiosmtpd)
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_real_server_receives_the_headers_bodies_and_recipients() {
+    let db = TestDb::new().await;
+    let sink = Sink::start(&[]).await;
+    let key = "order-42:paid:mail";
+    let subject = "Ihre Bestellung 42 – Grüße aus Köln ✓";
+    let text = "Danke für Ihre Bestellung.\nZeile zwei.\n.a line that starts with a dot";
+    let html = "<p>Danke f\u{fc}r Ihre <b>Bestellung</b> – 42 €</p>";
+    enqueue_email(
+        &db,
+        key,
+        json!({
+            "from": "Shop Köln <shop@shop.example>",
+            "to": ["alice@example.com", "Bob Smith <bob@example.com>"],
+            "cc": ["carol@example.com"],
+            "bcc": ["audit@example.com"],
+            "reply_to": "help@shop.example",
+            "subject": subject,
+            "text": text,
+            "html": html,
+            "headers": {"X-Campaign": "spring-sale", "List-Unsubscribe": "<mailto:unsub@shop.example>"}
+        }),
+        3,
+        true,
+    )
+    .await;
+    let w = start(&db, email_config(&sink.url()));
+    let r = wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+
+    let msgs = sink.messages();
+    assert_eq!(msgs.len(), 1);
+    let m = &msgs[0];
+    // The envelope: every recipient, Bcc included, once.
+    assert_eq!(m.mail_from, "shop@shop.example");
+    let mut rcpts = m.rcpt_tos.clone();
+    rcpts.sort();
+    assert_eq!(
+        rcpts,
+        [
+            "alice@example.com",
+            "audit@example.com",
+            "bob@example.com",
+            "carol@example.com"
+        ]
+    );
+    // Headers, decoded by Python's e-mail package.
+    let id = expected_message_id(key, "shop.example");
+    assert_eq!(m.header("Message-ID").as_deref(), Some(id.as_str()));
+    assert_eq!(m.header("Subject").as_deref(), Some(subject));
+    assert_eq!(
+        m.header("From").as_deref(),
+        Some("Shop Köln <shop@shop.example>")
+    );
+    assert_eq!(
+        m.header("To").as_deref(),
+        Some("alice@example.com, \"Bob Smith\" <bob@example.com>")
+    );
+    assert_eq!(m.header("Cc").as_deref(), Some("carol@example.com"));
+    assert_eq!(m.header("Reply-To").as_deref(), Some("help@shop.example"));
+    assert!(
+        m.headers("Bcc").is_empty(),
+        "Bcc must not be in the headers"
+    );
+    assert!(
+        !String::from_utf8_lossy(&m.raw_bytes()).contains("audit@example.com"),
+        "the Bcc address must not appear anywhere in the content"
+    );
+    assert_eq!(m.header("X-Campaign").as_deref(), Some("spring-sale"));
+    assert_eq!(
+        m.header("List-Unsubscribe").as_deref(),
+        Some("<mailto:unsub@shop.example>")
+    );
+    assert_eq!(m.header("MIME-Version").as_deref(), Some("1.0"));
+    assert!(m.header("Date").is_some());
+    // The raw subject is 7-bit: UTF-8 travels as encoded words.
+    let raw = m.raw_bytes();
+    assert!(
+        common::smtp::header_of(&raw, "Subject")
+            .unwrap()
+            .contains("=?utf-8?"),
+        "encoded word"
+    );
+    // multipart/alternative with both parts, decoded back to the payload's text.
+    assert_eq!(m.parsed.content_type, "multipart/alternative");
+    let parts: Vec<(&str, &str)> = m
+        .parsed
+        .parts
+        .iter()
+        .map(|p| (p.content_type.as_str(), p.content.trim_end()))
+        .collect();
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    assert_eq!(parts[0].0, "text/plain");
+    assert_eq!(parts[0].1.replace("\r\n", "\n"), text);
+    assert_eq!(parts[1].0, "text/html");
+    assert_eq!(parts[1].1.replace("\r\n", "\n"), html);
+    assert!(
+        m.parsed
+            .parts
+            .iter()
+            .all(|p| p.charset.as_deref() == Some("utf-8"))
+    );
+
+    // What the worker recorded: the reply code, the queue id, our Message-ID.
+    let resp = r.response.unwrap();
+    assert_eq!(resp["status"], 250);
+    assert_eq!(resp["queue_id"], "SINK0001");
+    assert_eq!(resp["message_id"], id.as_str());
+    assert_eq!(
+        attempts(&db, key).await,
+        [(1, "delivered".into(), None, Some(250), false)]
+    );
+}
+
+#[tokio::test]
+async fn a_text_only_message_is_a_single_part() {
+    let db = TestDb::new().await;
+    let sink = Sink::start(&[]).await;
+    enqueue_email(&db, "plain:1", simple(&["a@example.com"]), 3, true).await;
+    enqueue_email(
+        &db,
+        "html:1",
+        json!({"from": "shop@shop.example", "to": "a@example.com", "html": "<p>only html</p>"}),
+        3,
+        true,
+    )
+    .await;
+    let w = start(&db, email_config(&sink.url()));
+    wait_for_state(&db, "plain:1", "delivered", WAIT).await;
+    wait_for_state(&db, "html:1", "delivered", WAIT).await;
+    w.stop().await;
+    let msgs = sink.messages();
+    let mut types: Vec<(String, String)> = msgs
+        .iter()
+        .map(|m| {
+            (
+                m.parsed.content_type.clone(),
+                m.parsed.parts[0].content.trim_end().to_owned(),
+            )
+        })
+        .collect();
+    types.sort();
+    assert_eq!(
+        types,
+        [
+            ("text/html".to_owned(), "<p>only html</p>".to_owned()),
+            ("text/plain".to_owned(), "Hi there".to_owned())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn the_message_id_is_the_same_across_a_retry_on_a_real_server() {
+    let db = TestDb::new().await;
+    // aiosmtpd answers the first message's content with 451, then accepts.
+    let sink = Sink::start(&["--fail-first", "1", "--fail-code", "451"]).await;
+    let key = "invoice-7:mail";
+    enqueue_email(&db, key, simple(&["a@example.com"]), 3, false).await;
+    let w = start(&db, email_config(&sink.url()));
+    let r = wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    assert_eq!(r.attempts, 2);
+    assert_eq!(
+        attempts(&db, key).await,
+        [
+            (
+                1,
+                "retry".into(),
+                Some("transient".into()),
+                Some(451),
+                false
+            ),
+            (2, "delivered".into(), None, Some(250), false),
+        ]
+    );
+    let msgs = sink.messages();
+    assert_eq!(msgs.len(), 2, "both attempts reached the end of DATA");
+    let ids: Vec<Option<String>> = msgs.iter().map(|m| m.header("Message-ID")).collect();
+    let want = expected_message_id(key, "shop.example");
+    assert_eq!(ids, [Some(want.clone()), Some(want)]);
+}
+
+#[tokio::test]
+async fn the_message_id_survives_a_replay_and_the_domain_can_be_set() {
+    let db = TestDb::new().await;
+    let sink = Sink::start(&["--fail-first", "1", "--fail-code", "554"]).await;
+    let key = "welcome:user-9";
+    enqueue_email(&db, key, simple(&["a@example.com"]), 3, true).await;
+    let cfg = EmailConfig {
+        message_id_domain: Some("mail.outbox.test".into()),
+        ..email_config(&sink.url())
+    };
+    let w = start(&db, cfg.clone());
+    let r = wait_for_state(&db, key, "dead", WAIT).await;
+    assert_eq!(r.error_class.as_deref(), Some("permanent"));
+    assert_eq!(r.attempts, 1, "a 5xx is not retried");
+    assert!(
+        r.last_error.as_deref().unwrap().contains("SMTP 554 5.6.0"),
+        "{:?}",
+        r.last_error
+    );
+
+    let mut c = db.client().await;
+    let replayed = outboxd::ops::replay(
+        &mut c,
+        &outboxd::ops::ReplaySelection::Named(vec![outboxd::ops::Target::parse(key)]),
+        "test",
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(replayed.len(), 1);
+    wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    let ids: Vec<Option<String>> = sink
+        .messages()
+        .iter()
+        .map(|m| m.header("Message-ID"))
+        .collect();
+    let want = expected_message_id(key, "mail.outbox.test");
+    assert_eq!(ids, [Some(want.clone()), Some(want)]);
+}
+
+#[tokio::test]
+async fn a_refused_recipient_on_a_real_server_stops_the_whole_message() {
+    let db = TestDb::new().await;
+    let sink = Sink::start(&["--refuse", "nobody@example.com"]).await;
+    let key = "partial:1";
+    enqueue_email(
+        &db,
+        key,
+        simple(&["a@example.com", "nobody@example.com", "c@example.com"]),
+        3,
+        true,
+    )
+    .await;
+    let w = start(&db, email_config(&sink.url()));
+    let r = wait_for_state(&db, key, "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(r.error_class.as_deref(), Some("permanent"));
+    assert_eq!(r.attempts, 1);
+    let err = r.last_error.clone().unwrap();
+    assert!(
+        err.contains("SMTP 550 5.1.1") && err.contains("1 of 3 recipients refused"),
+        "{err}"
+    );
+    let resp = r.response.clone().unwrap();
+    assert_eq!(
+        (&resp["refused"], &resp["recipients"], &resp["status"]),
+        (&json!(1), &json!(3), &json!(550))
+    );
+    assert!(
+        sink.messages().is_empty(),
+        "no recipient got it: all or none"
+    );
+    // The server's reply quoted the address; it is not stored anywhere.
+    assert_no_leak(&db, key, &["nobody@", "a@example", "User unknown"]).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The fault-injecting fake
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_451_at_mail_then_250_delivers_on_the_second_attempt() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    fake.plan([Plan::at_mail(reply(
+        "451 4.3.2 System not accepting messages",
+    ))]);
+    enqueue_email(&db, "m:451", simple(&["a@example.com"]), 3, false).await;
+    let w = start(&db, email_config(&fake.url()));
+    let r = wait_for_state(&db, "m:451", "delivered", WAIT).await;
+    w.stop().await;
+    assert_eq!(
+        attempts(&db, "m:451").await,
+        [
+            (
+                1,
+                "retry".into(),
+                Some("transient".into()),
+                Some(451),
+                false
+            ),
+            (2, "delivered".into(), None, Some(250), false),
+        ]
+    );
+    assert_eq!(fake.received().len(), 1);
+    assert_eq!(r.response.unwrap()["queue_id"], "FAKE1234");
+    // A negative reply leaves the connection usable: the retry reused it.
+    assert_eq!(fake.connections(), 1);
+}
+
+#[tokio::test]
+async fn a_451_after_data_is_retried_with_the_same_message_id() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    fake.plan([Plan::at_end_of_data(reply("451 4.3.0 Queue full"))]);
+    enqueue_email(&db, "m:451data", simple(&["a@example.com"]), 3, false).await;
+    let w = start(&db, email_config(&fake.url()));
+    wait_for_state(&db, "m:451data", "delivered", WAIT).await;
+    w.stop().await;
+    let classes: Vec<Option<String>> = attempts(&db, "m:451data")
+        .await
+        .into_iter()
+        .map(|a| a.2)
+        .collect();
+    assert_eq!(classes, [Some("transient".into()), None]);
+    let got = fake.received();
+    assert_eq!(got.len(), 2);
+    let want = expected_message_id("m:451data", "shop.example");
+    assert_eq!(got[0].header("Message-ID"), Some(want.clone()));
+    assert_eq!(got[1].header("Message-ID"), Some(want));
+}
+
+#[tokio::test]
+async fn a_550_is_permanent_after_one_attempt() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    fake.plan([
+        Plan::at_mail(reply("550 5.7.1 Sender rejected")),
+        Plan::at_end_of_data(reply("550 5.7.1 Message content rejected")),
+    ]);
+    enqueue_email(&db, "m:550a", simple(&["a@example.com"]), 3, true).await;
+    let w = start(&db, email_config(&fake.url()));
+    let r = wait_for_state(&db, "m:550a", "dead", WAIT).await;
+    enqueue_email(&db, "m:550b", simple(&["a@example.com"]), 3, true).await;
+    let r2 = wait_for_state(&db, "m:550b", "dead", WAIT).await;
+    w.stop().await;
+    for (r, key) in [(r, "m:550a"), (r2, "m:550b")] {
+        assert_eq!(r.error_class.as_deref(), Some("permanent"), "{key}");
+        assert_eq!(r.attempts, 1, "{key}");
+        assert_eq!(
+            attempts(&db, key).await,
+            [(1, "dead".into(), Some("permanent".into()), Some(550), false)]
+        );
+        assert!(
+            r.last_error.as_deref().unwrap().contains("SMTP 550 5.7.1"),
+            "{:?}",
+            r.last_error
+        );
+        assert_no_leak(&db, key, &["rejected", "a@example.com"]).await;
+    }
+}
+
+#[tokio::test]
+async fn a_drop_after_the_end_of_data_is_ambiguous_and_retried_only_when_allowed() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    // The first message: retry_ambiguous = true → retried, then delivered.
+    fake.plan([Plan::at_end_of_data(Answer::Drop), Plan::ok()]);
+    enqueue_email(&db, "amb:yes", simple(&["a@example.com"]), 3, true).await;
+    let w = start(&db, email_config(&fake.url()));
+    wait_for_state(&db, "amb:yes", "delivered", WAIT).await;
+    let classes: Vec<Option<String>> = attempts(&db, "amb:yes")
+        .await
+        .into_iter()
+        .map(|a| a.2)
+        .collect();
+    assert_eq!(classes, [Some("ambiguous".into()), None]);
+    assert_eq!(fake.received().len(), 2, "the relay got the content twice");
+
+    // The second: retry_ambiguous = false → dead at once, class ambiguous.
+    fake.plan([Plan::at_end_of_data(Answer::Drop)]);
+    enqueue_email(&db, "amb:no", simple(&["a@example.com"]), 3, false).await;
+    let r = wait_for_state(&db, "amb:no", "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(r.error_class.as_deref(), Some("ambiguous"));
+    assert_eq!(r.attempts, 1);
+    let err = r.last_error.unwrap();
+    assert!(
+        err.contains("after the end of DATA") && err.contains("may have queued"),
+        "{err}"
+    );
+    assert_eq!(fake.received().len(), 3);
+}
+
+#[tokio::test]
+async fn no_reply_after_data_is_an_ambiguous_timeout() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    fake.plan([Plan::at_end_of_data(Answer::Silence)]);
+    enqueue_email(&db, "silent:data", simple(&["a@example.com"]), 3, false).await;
+    let cfg = EmailConfig {
+        timeout: Duration::from_millis(800),
+        ..email_config(&fake.url())
+    };
+    let w = start(&db, cfg);
+    let t0 = Instant::now();
+    let r = wait_for_state(&db, "silent:data", "dead", WAIT).await;
+    w.stop().await;
+    assert!(t0.elapsed() >= Duration::from_millis(800));
+    assert_eq!(r.error_class.as_deref(), Some("ambiguous"));
+    assert!(
+        r.last_error.as_deref().unwrap().contains("no reply"),
+        "{:?}",
+        r.last_error
+    );
+    assert_eq!(fake.received().len(), 1);
+}
+
+#[tokio::test]
+async fn a_server_that_never_greets_is_a_transient_timeout() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    fake.greet([Answer::Silence]);
+    enqueue_email(&db, "silent:greet", simple(&["a@example.com"]), 3, false).await;
+    let cfg = EmailConfig {
+        timeout: Duration::from_millis(800),
+        ..email_config(&fake.url())
+    };
+    let w = start(&db, cfg);
+    let r = wait_for_state(&db, "silent:greet", "delivered", WAIT).await;
+    w.stop().await;
+    assert_eq!(r.attempts, 2);
+    let a = attempts(&db, "silent:greet").await;
+    assert_eq!(a[0].1, "retry");
+    assert_eq!(a[0].2.as_deref(), Some("transient"), "nothing was sent");
+    assert_eq!(fake.connections(), 2);
+    assert!(
+        !fake.commands().is_empty() && fake.commands()[0].starts_with("EHLO"),
+        "the first connection never got past the greeting: {:?}",
+        fake.commands()
+    );
+}
+
+#[tokio::test]
+async fn connection_refused_is_transient_and_exhausts_the_budget() {
+    let db = TestDb::new().await;
+    let port = closed_port().await;
+    enqueue_email(&db, "refused", simple(&["a@example.com"]), 2, false).await;
+    let w = start(
+        &db,
+        email_config(&format!("smtp://127.0.0.1:{port}?tls=none")),
+    );
+    let r = wait_for_state(&db, "refused", "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(r.error_class.as_deref(), Some("exhausted"));
+    let a = attempts(&db, "refused").await;
+    assert_eq!(
+        a.iter().map(|a| a.2.clone()).collect::<Vec<_>>(),
+        [Some("transient".into()), Some("exhausted".into())]
+    );
+    assert!(
+        r.last_error.as_deref().unwrap().contains("refused"),
+        "{:?}",
+        r.last_error
+    );
+}
+
+#[tokio::test]
+async fn a_relay_that_stalls_mid_content_is_a_transient_timeout() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start_narrow().await;
+    // After its 354 the relay reads nothing more. The content (900 KiB, under the 1 MiB
+    // payload limit) outgrows the socket buffers of a real network's connection, so our
+    // write blocks before its last byte leaves: the relay cannot have the end of DATA, and
+    // the timeout is transient.
+    fake.plan([
+        Plan {
+            stall_content: true,
+            ..Plan::ok()
+        },
+        Plan::ok(),
+    ]);
+    let line = "x".repeat(70) + "\n";
+    let big = line.repeat(900 * 1024 / line.len());
+    enqueue_email(
+        &db,
+        "big",
+        json!({"from": "shop@shop.example", "to": ["a@example.com"], "subject": "big", "text": big}),
+        3,
+        false,
+    )
+    .await;
+    let w = start(&db, email_config(&fake.url()));
+    wait_for_state(&db, "big", "delivered", WAIT).await;
+    w.stop().await;
+    let a = attempts(&db, "big").await;
+    assert_eq!(a.len(), 2, "{a:?}");
+    assert_eq!(a[0].2.as_deref(), Some("transient"), "{a:?}");
+    let errors = attempt_errors(&db, "big").await;
+    assert!(
+        errors[0].contains("sending the message content"),
+        "{errors:?}"
+    );
+    assert_eq!(fake.received().len(), 1);
+    assert!(fake.received()[0].content.len() > 900 * 1000);
+}
+
+#[tokio::test]
+async fn invalid_payloads_are_dead_without_a_connection() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    let ok = || json!({"from": "shop@shop.example", "to": ["a@example.com"], "subject": "s", "text": "t"});
+    let with = |k: &str, v: Value| {
+        let mut p = ok();
+        p[k] = v;
+        p
+    };
+    let cases = [
+        (
+            "bad-to",
+            with("to", json!(["secret-not-an-address"])),
+            "payload.to[0]",
+        ),
+        (
+            "crlf-subject",
+            with("subject", json!("Hi secret\r\nBcc: victim@example.com")),
+            "payload.subject",
+        ),
+        (
+            "crlf-header",
+            with(
+                "headers",
+                json!({"X-Tag": "secret\r\nBcc: victim@example.com"}),
+            ),
+            "payload.headers.X-Tag",
+        ),
+        (
+            "crlf-to",
+            with("to", json!(["a@example.com\r\nBcc: victim@example.com"])),
+            "payload.to[0]",
+        ),
+        (
+            "no-body",
+            json!({"from": "shop@shop.example", "to": "a@example.com"}),
+            "text, html",
+        ),
+        (
+            "no-from",
+            json!({"to": "a@example.com", "text": "secret"}),
+            "payload.from",
+        ),
+        (
+            "reserved",
+            with("headers", json!({"Message-ID": "<secret@x>"})),
+            "payload.headers.Message-ID",
+        ),
+    ];
+    for (key, payload, _) in &cases {
+        enqueue_email(&db, key, payload.clone(), 3, true).await;
+    }
+    let w = start(&db, email_config(&fake.url()));
+    for (key, _, needle) in &cases {
+        let r = wait_for_state(&db, key, "dead", WAIT).await;
+        assert_eq!(r.error_class.as_deref(), Some("invalid"), "{key}");
+        assert_eq!(r.attempts, 1, "{key}");
+        let err = r.last_error.clone().unwrap();
+        assert!(err.contains(needle), "{key}: {err}");
+        assert_no_leak(&db, key, &["secret", "victim", "a@example.com"]).await;
+    }
+    w.stop().await;
+    assert_eq!(
+        fake.connections(),
+        0,
+        "no network call for an invalid payload"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_recipient_sends_no_data_and_a_deferred_one_retries_everyone() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    fake.plan([Plan::at_rcpt(
+        "b@example.com",
+        reply("550 5.1.1 <b@example.com>: Recipient address rejected"),
+    )]);
+    enqueue_email(
+        &db,
+        "rcpt:550",
+        simple(&["a@example.com", "b@example.com"]),
+        3,
+        true,
+    )
+    .await;
+    let w = start(&db, email_config(&fake.url()));
+    let r = wait_for_state(&db, "rcpt:550", "dead", WAIT).await;
+    assert_eq!(r.error_class.as_deref(), Some("permanent"));
+    assert!(
+        r.last_error
+            .as_deref()
+            .unwrap()
+            .contains("1 of 2 recipients refused"),
+        "{:?}",
+        r.last_error
+    );
+    assert!(
+        !fake.commands().iter().any(|c| c == "DATA"),
+        "no DATA after a refused recipient: {:?}",
+        fake.commands()
+    );
+    assert!(fake.received().is_empty());
+    assert_no_leak(
+        &db,
+        "rcpt:550",
+        &["b@example.com", "a@example.com", "rejected"],
+    )
+    .await;
+
+    // 4xx for one recipient: the whole message waits and goes to everyone once, later.
+    fake.plan([
+        Plan::at_rcpt("c@example.com", reply("450 4.2.0 Mailbox busy")),
+        Plan::ok(),
+    ]);
+    enqueue_email(
+        &db,
+        "rcpt:450",
+        simple(&["a@example.com", "c@example.com"]),
+        3,
+        true,
+    )
+    .await;
+    wait_for_state(&db, "rcpt:450", "delivered", WAIT).await;
+    w.stop().await;
+    let a = attempts(&db, "rcpt:450").await;
+    assert_eq!(
+        a,
+        [
+            (
+                1,
+                "retry".into(),
+                Some("transient".into()),
+                Some(450),
+                false
+            ),
+            (2, "delivered".into(), None, Some(250), false),
+        ]
+    );
+    let got = fake.received();
+    assert_eq!(got.len(), 1, "delivered once");
+    assert_eq!(got[0].rcpt_to, ["a@example.com", "c@example.com"]);
+    // The abandoned transactions were reset before the connection was used again.
+    assert!(fake.commands().iter().any(|c| c == "RSET"));
+}
+
+#[tokio::test]
+async fn connections_are_reused_and_a_dead_one_is_replaced_within_the_attempt() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    for i in 0..3 {
+        let key = format!("reuse:{i}");
+        enqueue_email(&db, &key, simple(&["a@example.com"]), 3, false).await;
+    }
+    let w = start(
+        &db,
+        EmailConfig {
+            max_connections: 1,
+            ..email_config(&fake.url())
+        },
+    );
+    for i in 0..3 {
+        wait_for_state(&db, &format!("reuse:{i}"), "delivered", WAIT).await;
+    }
+    assert_eq!(fake.connections(), 1, "one connection for three messages");
+
+    // The relay closes the idle connection after the next message; the one after that
+    // finds it dead at MAIL FROM and takes a fresh one, in the same attempt.
+    fake.plan([
+        Plan {
+            close_after: true,
+            ..Plan::ok()
+        },
+        Plan::ok(),
+    ]);
+    enqueue_email(&db, "reuse:closing", simple(&["a@example.com"]), 3, false).await;
+    wait_for_state(&db, "reuse:closing", "delivered", WAIT).await;
+    enqueue_email(&db, "reuse:after", simple(&["a@example.com"]), 3, false).await;
+    let r = wait_for_state(&db, "reuse:after", "delivered", WAIT).await;
+    w.stop().await;
+    assert_eq!(r.attempts, 1, "a stale pooled connection costs no attempt");
+    assert_eq!(fake.connections(), 2);
+    assert_eq!(fake.received().len(), 5);
+}
+
+#[tokio::test]
+async fn starttls_is_required_unless_the_url_says_tls_none() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    enqueue_email(&db, "tls", simple(&["a@example.com"]), 1, false).await;
+    // A bare smtp:// requires STARTTLS; the fake does not offer it.
+    let w = start(
+        &db,
+        email_config(&format!("smtp://user:hunter2@{}", fake.addr)),
+    );
+    let r = wait_for_state(&db, "tls", "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(r.error_class.as_deref(), Some("exhausted"));
+    assert!(
+        r.last_error.as_deref().unwrap().contains("STARTTLS"),
+        "{:?}",
+        r.last_error
+    );
+    assert!(
+        !fake
+            .commands()
+            .iter()
+            .any(|c| c.starts_with("MAIL") || c.starts_with("AUTH")),
+        "nothing but EHLO in plain text: {:?}",
+        fake.commands()
+    );
+    assert_no_leak(&db, "tls", &["hunter2"]).await;
+}
+
+#[tokio::test]
+async fn credentials_are_percent_decoded_and_a_refused_login_is_transient() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    fake.require_auth(Answer::Ok);
+    let url = format!("smtp://api%40key:p%40ss%20w0rd@{}?tls=none", fake.addr);
+    enqueue_email(&db, "auth:ok", simple(&["a@example.com"]), 3, false).await;
+    let w = start(&db, email_config(&url));
+    wait_for_state(&db, "auth:ok", "delivered", WAIT).await;
+    w.stop().await;
+    assert_eq!(fake.auth_plain(), [b"\0api@key\0p@ss w0rd".to_vec()]);
+
+    let fake = FakeSmtp::start().await;
+    fake.require_auth(reply("535 5.7.8 Authentication credentials invalid"));
+    let url = format!("smtp://user:hunter2@{}?tls=none", fake.addr);
+    enqueue_email(&db, "auth:bad", simple(&["a@example.com"]), 2, false).await;
+    let w = start(&db, email_config(&url));
+    let r = wait_for_state(&db, "auth:bad", "dead", WAIT).await;
+    w.stop().await;
+    // The relay refused us, not the message: retried, then exhausted.
+    assert_eq!(r.error_class.as_deref(), Some("exhausted"));
+    assert_eq!(r.attempts, 2);
+    assert!(
+        r.last_error.as_deref().unwrap().contains("SMTP 535 5.7.8"),
+        "{:?}",
+        r.last_error
+    );
+    assert_no_leak(&db, "auth:bad", &["hunter2"]).await;
+    assert!(!fake.commands().iter().any(|c| c.starts_with("MAIL")));
+}
+
+// ---------------------------------------------------------------------------------------
+// The binary
+// ---------------------------------------------------------------------------------------
+
+/// The binary with a clean environment.
+fn outboxd() -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("OUTBOXD_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env_remove("RUST_LOG").env_remove("DATABASE_URL");
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Runs to the end within `limit`; (exit code, stdout, stderr).
+fn run_to_end(cmd: &mut std::process::Command, limit: Duration) -> (i32, String, String) {
+    let mut child = cmd.spawn().unwrap();
+    // Drain both pipes while it runs: a child blocked on a full pipe never exits.
+    let drain = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("outboxd did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        status.code().unwrap_or(-1),
+        out.join().unwrap(),
+        err.join().unwrap(),
+    )
+}
+
+#[test]
+fn bad_email_settings_exit_2_with_one_line_and_no_password() {
+    let unreachable = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
+    // (environment, arguments, what the one line must mention)
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a str);
+    let cases: [Case; 5] = [
+        (
+            &[(
+                "OUTBOXD_SMTP_URL",
+                "smtp://u:hunter2@mail.example?tls=maybe",
+            )],
+            &["run"],
+            "OUTBOXD_SMTP_URL",
+        ),
+        (
+            &[("OUTBOXD_SMTP_URL", "http://u:hunter2@mail.example")],
+            &["run"],
+            "OUTBOXD_SMTP_URL",
+        ),
+        (
+            &[("OUTBOXD_SMTP_URL", "smtp://u:hunter2@mail.example")],
+            &["run", "--lease", "20s", "--smtp-timeout", "30s"],
+            "lease",
+        ),
+        (
+            &[
+                ("OUTBOXD_SMTP_URL", "smtp://u:hunter2@mail.example"),
+                ("OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN", "not a domain"),
+            ],
+            &["run"],
+            "OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN",
+        ),
+        (
+            &[],
+            &["run", "--channels", "webhook,email"],
+            "OUTBOXD_SMTP_URL",
+        ),
+    ];
+    for (env, args, mention) in cases {
+        let mut cmd = outboxd();
+        cmd.env("DATABASE_URL", unreachable)
+            .envs(env.iter().copied())
+            .args(args);
+        let (code, _, err) = run_to_end(&mut cmd, Duration::from_secs(20));
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(code, 2, "{args:?} {env:?}: {err}");
+        assert_eq!(lines.len(), 1, "{args:?}: {err}");
+        assert!(lines[0].contains(mention), "{args:?}: {err}");
+        assert!(!err.contains("hunter2"), "the password leaked: {err}");
+    }
+}
+
+/// The settings `outboxd run` would start with, from these arguments and variables.
+fn settings(
+    args: &[&str],
+    smtp_url: Option<&str>,
+) -> Result<
+    (
+        WorkerConfig,
+        outboxd::config::WebhookConfig,
+        Option<EmailConfig>,
+    ),
+    String,
+> {
+    use clap::Parser as _;
+    let cli = outboxd::cli::Cli::try_parse_from(["outboxd", "run"].iter().chain(args))
+        .map_err(|e| e.to_string())?;
+    let outboxd::cli::Command::Run(run) = cli.command else {
+        unreachable!("a run command");
+    };
+    let env = outboxd::cli::Env {
+        smtp_url: smtp_url.map(str::to_owned),
+        email_message_id_domain: Some("Mail.Outbox.Test".into()),
+        ..Default::default()
+    };
+    outboxd::cli::worker_settings(&run, &env).map_err(|e| e.to_string())
+}
+
+#[test]
+fn channels_default_to_email_when_an_smtp_url_is_set() {
+    let url = Some("smtp://mail.example.com");
+    let (w, _, e) = settings(&[], url).unwrap();
+    assert_eq!(w.channels, [Channel::Webhook, Channel::Email]);
+    let e = e.expect("email settings");
+    assert_eq!(e.timeout, Duration::from_secs(30));
+    assert_eq!(e.message_id_domain.as_deref(), Some("mail.outbox.test"));
+    assert_eq!(e.smtp.port, 587);
+
+    let (w, _, e) = settings(&[], None).unwrap();
+    assert_eq!(w.channels, [Channel::Webhook]);
+    assert!(e.is_none(), "the worker starts without an SMTP URL");
+
+    let (w, _, e) = settings(&["--channels", "email", "--smtp-timeout", "5s"], url).unwrap();
+    assert_eq!(w.channels, [Channel::Email]);
+    assert_eq!(e.unwrap().timeout, Duration::from_secs(5));
+
+    // The lease must outlast the longest timeout of the channels this worker runs.
+    let err = settings(&["--lease", "20s", "--smtp-timeout", "30s"], url).unwrap_err();
+    assert!(err.contains("--lease"), "{err}");
+    let (_, _, e) = settings(
+        &[
+            "--channels",
+            "webhook",
+            "--lease",
+            "20s",
+            "--smtp-timeout",
+            "30s",
+        ],
+        url,
+    )
+    .unwrap();
+    assert!(
+        e.is_none(),
+        "email is off: its timeout does not bind the lease"
+    );
+    let err = settings(&["--channels", "email"], None).unwrap_err();
+    assert!(err.contains("OUTBOXD_SMTP_URL"), "{err}");
+}
+
+#[tokio::test]
+async fn the_daemon_sends_email_when_an_smtp_url_is_set_and_logs_no_secrets() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    fake.require_auth(Answer::Ok);
+    // The messages go out concurrently, in any order: every transaction refuses this one.
+    let refuse = Plan::at_rcpt(
+        "secret-rcpt@example.com",
+        reply("550 5.1.1 <secret-rcpt@example.com>: no such user"),
+    );
+    fake.plan([refuse.clone(), refuse]);
+    enqueue_email(
+        &db,
+        "cli:ok",
+        json!({"from": "shop@shop.example", "to": ["secret-to@example.com"], "subject": "secret-subject",
+               "text": "secret-body", "headers": {"X-Token": "secret-header"}}),
+        3,
+        true,
+    )
+    .await;
+    enqueue_email(
+        &db,
+        "cli:refused",
+        json!({"from": "shop@shop.example", "to": ["secret-rcpt@example.com"], "text": "secret-body"}),
+        3,
+        true,
+    )
+    .await;
+    enqueue_email(
+        &db,
+        "cli:invalid",
+        json!({"from": "shop@shop.example", "to": ["secret-to@example.com"], "subject": "secret\r\nBcc: x@y.example", "text": "secret-body"}),
+        3,
+        true,
+    )
+    .await;
+    let url = format!("smtp://user:hunter2@{}?tls=none", fake.addr);
+    let db_url = db.url();
+    let (code, _, err) = tokio::task::spawn_blocking(move || {
+        let mut cmd = outboxd();
+        // No --channels: the default includes email because OUTBOXD_SMTP_URL is set.
+        cmd.env("DATABASE_URL", db_url)
+            .env("OUTBOXD_SMTP_URL", url)
+            .env("OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN", "mail.outbox.test")
+            .env("RUST_LOG", "trace")
+            .args([
+                "run",
+                "--drain",
+                "--poll-interval",
+                "100ms",
+                "--smtp-timeout",
+                "5s",
+            ]);
+        run_to_end(&mut cmd, Duration::from_secs(60))
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{err}");
+    let ok = row(&db, "cli:ok").await;
+    assert_eq!(ok.state, "delivered", "{ok:?}");
+    assert_eq!(
+        row(&db, "cli:refused").await.error_class.as_deref(),
+        Some("permanent")
+    );
+    assert_eq!(
+        row(&db, "cli:invalid").await.error_class.as_deref(),
+        Some("invalid")
+    );
+    let got = fake.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].header("Message-ID"),
+        Some(expected_message_id("cli:ok", "mail.outbox.test"))
+    );
+    assert!(err.contains("attempt finished"), "{err}");
+    for secret in [
+        "hunter2",
+        "secret-to",
+        "secret-rcpt",
+        "secret-subject",
+        "secret-body",
+        "secret-header",
+        "no such user",
+    ] {
+        assert!(!err.contains(secret), "{secret:?} in the logs:\n{err}");
+    }
+}
