@@ -18,6 +18,7 @@ use outboxd::{NewMessage, enqueue};
 use serde_json::json;
 
 type Seen = Arc<Mutex<BTreeMap<String, Vec<u16>>>>;
+type Mails = Arc<Mutex<Vec<String>>>;
 
 /// Set once the demo "fixes" the /gone receiver, before the replay.
 static FIXED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -37,15 +38,36 @@ async fn main() -> anyhow::Result<()> {
     step(
         "2. start webhook receivers on 127.0.0.1 (/orders answers 204, /flaky 503 once, /gone 410 until fixed)",
     );
+    // In docker compose the receivers must be reachable from the other containers:
+    // DEMO_HOST names this container, and the workers allow that host.
+    let host = std::env::var("DEMO_HOST").unwrap_or_else(|_| "127.0.0.1".into());
+    let bind = if host == "127.0.0.1" {
+        "127.0.0.1:0"
+    } else {
+        "0.0.0.0:0"
+    };
     let seen: Seen = Arc::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
+    let listener = tokio::net::TcpListener::bind(bind).await?;
+    let base = format!("http://{host}:{}", listener.local_addr()?.port());
     let app = axum::Router::new()
         .route("/{name}", axum::routing::post(receive))
         .with_state(seen.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
+    let mails: Mails = Arc::default();
+    // DEMO_SMTP_URL (docker compose: Mailpit) replaces the built-in SMTP receiver.
+    let external_smtp = std::env::var("DEMO_SMTP_URL").ok();
+    let smtp_url = match &external_smtp {
+        Some(url) => url.clone(),
+        None => {
+            let smtp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let url = format!("smtp://{}?tls=none", smtp.local_addr()?);
+            tokio::spawn(smtp_sink(smtp, mails.clone()));
+            url
+        }
+    };
+    println!("   and an SMTP receiver at {smtp_url}");
 
-    step("3. business transactions that enqueue webhooks");
+    step("3. business transactions that enqueue webhooks (and a receipt e-mail)");
     client
         .batch_execute("CREATE TABLE IF NOT EXISTS demo_orders (id bigint PRIMARY KEY, state text NOT NULL); TRUNCATE demo_orders")
         .await?;
@@ -68,6 +90,16 @@ async fn main() -> anyhow::Result<()> {
             json!({"url": format!("{base}/{path}"), "body": {"order": order, "event": "order.paid"}}),
         );
         let e = enqueue(&tx, &msg).await?;
+        if order == 1 {
+            // The same transaction also writes the customer's receipt.
+            let receipt = NewMessage::email(
+                key(order, "receipt"),
+                json!({"from": "Shop <shop@example.com>", "to": ["alice@example.com"],
+                       "subject": "Your order №1 is paid ✓", "text": "Thank you!",
+                       "html": "<p>Thank you!</p>"}),
+            );
+            enqueue(&tx, &receipt).await?;
+        }
         if commit {
             tx.commit().await?;
             println!(
@@ -106,6 +138,7 @@ async fn main() -> anyhow::Result<()> {
         ])
         .env("DATABASE_URL", &url)
         .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true") // the receivers are on 127.0.0.1
+        .env("OUTBOXD_SMTP_URL", &smtp_url) // so --channels is webhook,email
         .env("RUST_LOG", "outboxd=info"))?;
 
     step("5. what happened");
@@ -129,6 +162,17 @@ async fn main() -> anyhow::Result<()> {
     for (k, statuses) in seen.lock().unwrap().iter() {
         println!("   {k:<34} {statuses:?}");
     }
+    if external_smtp.is_some() {
+        println!("\n   the receipt went to {smtp_url}: see it at http://localhost:8025 (Mailpit)");
+    }
+    println!("\n   the SMTP receiver got:");
+    for mail in mails.lock().unwrap().iter() {
+        for line in mail.lines().filter(|l| {
+            l.starts_with("Subject:") || l.starts_with("Message-ID:") || l.starts_with("To:")
+        }) {
+            println!("   {line}");
+        }
+    }
     let rolled_back_sent = seen.lock().unwrap().contains_key(&key(2, "paid"));
     println!("   the rolled-back order's message was sent: {rolled_back_sent}");
 
@@ -147,6 +191,7 @@ async fn main() -> anyhow::Result<()> {
         .args(["run", "--drain", "--worker-id", "demo-worker"])
         .env("DATABASE_URL", &url)
         .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true")
+        .env("OUTBOXD_SMTP_URL", &smtp_url)
         .env("RUST_LOG", "outboxd=info"))?;
     run(Command::new(&bin)
         .args(["show", &key(4, "paid")])
@@ -170,7 +215,8 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "  - README.md for the SQL and Rust APIs, the CLI and the configuration; ARCHITECTURE.md for the code map."
     );
-    if rolled_back_sent || rows.len() != 3 || replayed_state != "delivered" {
+    let mails_ok = external_smtp.is_some() || mails.lock().unwrap().len() == 1;
+    if rolled_back_sent || rows.len() != 4 || !mails_ok || replayed_state != "delivered" {
         anyhow::bail!("the demo did not go as expected");
     }
     Ok(())
@@ -196,6 +242,50 @@ async fn receive(
     };
     history.push(status.as_u16());
     status
+}
+
+/// A minimal SMTP receiver: accepts every message and keeps its text.
+async fn smtp_sink(listener: tokio::net::TcpListener, mails: Mails) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    while let Ok((stream, _)) = listener.accept().await {
+        let mails = mails.clone();
+        tokio::spawn(async move {
+            let (r, mut w) = stream.into_split();
+            let mut lines = BufReader::new(r).lines();
+            let _ = w.write_all(b"220 demo ESMTP\r\n").await;
+            while let Ok(Some(line)) = lines.next_line().await {
+                let verb = line
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("")
+                    .to_ascii_uppercase();
+                let reply: &[u8] = match verb.as_str() {
+                    "EHLO" | "HELO" => b"250 demo\r\n",
+                    "DATA" => {
+                        let _ = w.write_all(b"354 go ahead\r\n").await;
+                        let mut text = String::new();
+                        while let Ok(Some(l)) = lines.next_line().await {
+                            if l == "." {
+                                break;
+                            }
+                            text.push_str(&l);
+                            text.push('\n');
+                        }
+                        mails.lock().unwrap().push(text);
+                        b"250 2.0.0 Ok: queued as DEMO1\r\n"
+                    }
+                    "QUIT" => {
+                        let _ = w.write_all(b"221 bye\r\n").await;
+                        return;
+                    }
+                    _ => b"250 ok\r\n",
+                };
+                if w.write_all(reply).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
 }
 
 fn step(title: &str) {
