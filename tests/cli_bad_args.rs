@@ -1,0 +1,824 @@
+//! Bad arguments for every subcommand of the real binary: exit 2, exactly one non-empty
+//! line on stderr, no panic; and an unreachable database: exit 1 for every command that
+//! connects.
+//!
+//! Arguments that can be judged without a database get a `DATABASE_URL` nothing listens
+//! on: a command that tried to connect before refusing its arguments would exit 1 instead
+//! of 2. Arguments only the database can judge (the SQL rules of `outbox.enqueue`) get a
+//! real, empty database.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::Read as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Nothing listens on port 1.
+const UNREACHABLE_URL: &str = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
+
+/// The binary with a clean environment (PATH only) and the given database URL.
+fn outboxd(database_url: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", database_url);
+    cmd
+}
+
+struct Output {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the command to its end, within 20 s (killed and failed after that).
+fn run(cmd: &mut Command) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn outboxd");
+    // Read both pipes on threads so a chatty child cannot block on a full pipe.
+    let mut out_pipe = child.stdout.take().unwrap();
+    let mut err_pipe = child.stderr.take().unwrap();
+    let out_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out_pipe.read_to_string(&mut s);
+        s
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err_pipe.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("outboxd {cmd:?} did not exit within 20s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        code: status.code(),
+        stdout: out_t.join().unwrap(),
+        stderr: err_t.join().unwrap(),
+    }
+}
+
+/// Exit `code`, exactly one non-empty stderr line, no panic or backtrace; returns the line.
+fn assert_one_line_exit(what: &str, out: &Output, code: i32) -> String {
+    assert_eq!(
+        out.code,
+        Some(code),
+        "{what}: exit code (stdout {:?}, stderr {:?})",
+        out.stdout,
+        out.stderr
+    );
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{what}: one stderr line, got {:?}",
+        out.stderr
+    );
+    for bad in ["panicked", "RUST_BACKTRACE", "stack backtrace"] {
+        assert!(!out.stderr.contains(bad), "{what}: {:?}", out.stderr);
+    }
+    lines[0].to_owned()
+}
+
+type Case = (&'static str, Vec<&'static str>, &'static str);
+
+/// Runs every case against `url` and checks exit 2 with one line mentioning the named text.
+fn assert_usage_errors(url: &str, cases: &[Case]) {
+    let mut failures = Vec::new();
+    for (what, args, mention) in cases {
+        let out = run(outboxd(url).args(args));
+        let result = std::panic::catch_unwind(|| {
+            let line = assert_one_line_exit(what, &out, 2);
+            assert!(
+                line.to_lowercase().contains(&mention.to_lowercase()),
+                "{what}: {line:?} should mention {mention:?}"
+            );
+        });
+        if let Err(e) = result {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            failures.push(format!("{args:?}: {msg}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn bad_arguments_exit_2_with_one_line_before_any_connection() {
+    let cases: Vec<Case> = vec![
+        // migrate
+        (
+            "migrate: unknown flag",
+            vec!["migrate", "--force"],
+            "--force",
+        ),
+        ("migrate: stray argument", vec!["migrate", "now"], "now"),
+        // run
+        (
+            "run: unknown flag",
+            vec!["run", "--threads", "4"],
+            "--threads",
+        ),
+        ("run: missing value", vec!["run", "--lease"], "--lease"),
+        (
+            "run: duration without unit",
+            vec!["run", "--lease", "60"],
+            "lease",
+        ),
+        ("run: unknown unit", vec!["run", "--lease", "60x"], "lease"),
+        (
+            "run: negative duration",
+            vec!["run", "--poll-interval=-1s"],
+            "poll-interval",
+        ),
+        (
+            "run: fractional duration",
+            vec!["run", "--retry-base", "1.5s"],
+            "retry-base",
+        ),
+        (
+            "run: duration with a space",
+            vec!["run", "--retry-max", "5 m"],
+            "retry-max",
+        ),
+        (
+            "run: overflowing duration",
+            vec!["run", "--retention", "99999999999999999999d"],
+            "retention",
+        ),
+        (
+            "run: duration overflowing in ms",
+            vec!["run", "--shutdown-grace", "18446744073709551615d"],
+            "shutdown-grace",
+        ),
+        (
+            "run: empty duration",
+            vec!["run", "--webhook-timeout", ""],
+            "webhook-timeout",
+        ),
+        (
+            "run: bad smtp timeout",
+            vec!["run", "--smtp-timeout", "soon"],
+            "smtp-timeout",
+        ),
+        (
+            "run: zero webhook timeout",
+            vec!["run", "--webhook-timeout", "0ms"],
+            "webhook-timeout",
+        ),
+        (
+            "run: zero poll interval",
+            vec!["run", "--poll-interval", "0s"],
+            "poll-interval",
+        ),
+        (
+            "run: zero retry base",
+            vec!["run", "--retry-base", "0s"],
+            "retry-base",
+        ),
+        (
+            "run: base above max",
+            vec!["run", "--retry-base", "1h", "--retry-max", "1m"],
+            "retry-base",
+        ),
+        (
+            "run: retention 23h",
+            vec!["run", "--retention", "23h"],
+            "retention",
+        ),
+        (
+            "run: lease equal to timeout + 1s",
+            vec!["run", "--lease", "11s", "--webhook-timeout", "10s"],
+            "lease",
+        ),
+        (
+            "run: concurrency negative",
+            vec!["run", "--concurrency=-1"],
+            "concurrency",
+        ),
+        (
+            "run: concurrency float",
+            vec!["run", "--concurrency", "1e3"],
+            "concurrency",
+        ),
+        (
+            "run: concurrency too large",
+            vec!["run", "--concurrency", "10001"],
+            "concurrency",
+        ),
+        (
+            "run: concurrency overflow",
+            vec!["run", "--concurrency", "99999999999999999999999"],
+            "concurrency",
+        ),
+        (
+            "run: batch size 0",
+            vec!["run", "--batch-size", "0"],
+            "batch-size",
+        ),
+        (
+            "run: batch size too large",
+            vec!["run", "--batch-size", "10001"],
+            "batch-size",
+        ),
+        (
+            "run: empty channel list",
+            vec!["run", "--channels", ","],
+            "channels",
+        ),
+        (
+            "run: unknown channel",
+            vec!["run", "--channels", "webhook,sms"],
+            "sms",
+        ),
+        (
+            "run: empty worker id",
+            vec!["run", "--worker-id", ""],
+            "worker-id",
+        ),
+        (
+            "run: bad metrics address",
+            vec!["run", "--metrics-addr", "localhost"],
+            "metrics-addr",
+        ),
+        (
+            "run: metrics address without port",
+            vec!["run", "--metrics-addr", "127.0.0.1"],
+            "metrics-addr",
+        ),
+        (
+            "run: bad drain value",
+            vec!["run", "--drain=maybe"],
+            "drain",
+        ),
+        ("run: stray argument", vec!["run", "now"], "now"),
+        // enqueue
+        ("enqueue: no arguments", vec!["enqueue"], "--key"),
+        (
+            "enqueue: missing --channel",
+            vec!["enqueue", "--key", "k", "--payload", "{}"],
+            "--channel",
+        ),
+        (
+            "enqueue: missing --payload",
+            vec!["enqueue", "--key", "k", "--channel", "webhook"],
+            "--payload",
+        ),
+        ("enqueue: missing value", vec!["enqueue", "--key"], "--key"),
+        (
+            "enqueue: unknown channel",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "sms",
+                "--payload",
+                "{}",
+            ],
+            "channel",
+        ),
+        (
+            "enqueue: payload not JSON",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                "{url:",
+            ],
+            "payload",
+        ),
+        (
+            "enqueue: payload file missing",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                "@/nonexistent/outboxd.json",
+            ],
+            "payload",
+        ),
+        (
+            "enqueue: max attempts not a number",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                "{}",
+                "--max-attempts",
+                "three",
+            ],
+            "max-attempts",
+        ),
+        (
+            "enqueue: max attempts overflow",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                "{}",
+                "--max-attempts",
+                "2147483648",
+            ],
+            "max-attempts",
+        ),
+        (
+            "enqueue: bad run-after",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                "{}",
+                "--run-after",
+                "2026-13-01T00:00:00Z",
+            ],
+            "run-after",
+        ),
+        (
+            "enqueue: bad boolean",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                "{}",
+                "--no-retry-ambiguous=perhaps",
+            ],
+            "no-retry-ambiguous",
+        ),
+        (
+            "enqueue: unknown flag",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                "{}",
+                "--priority",
+                "1",
+            ],
+            "--priority",
+        ),
+        // status
+        (
+            "status: unknown flag",
+            vec!["status", "--verbose"],
+            "--verbose",
+        ),
+        (
+            "status: stray argument",
+            vec!["status", "webhook"],
+            "webhook",
+        ),
+        (
+            "status: not a boolean for --json",
+            vec!["status", "--json=maybe"],
+            "--json",
+        ),
+        // dead
+        ("dead: limit 0", vec!["dead", "--limit", "0"], "limit"),
+        ("dead: limit negative", vec!["dead", "--limit=-5"], "limit"),
+        (
+            "dead: limit not a number",
+            vec!["dead", "--limit", "ten"],
+            "limit",
+        ),
+        ("dead: missing limit", vec!["dead", "--limit"], "limit"),
+        (
+            "dead: unknown error class",
+            vec!["dead", "--error-class", "x"],
+            "error class",
+        ),
+        (
+            "dead: error class in capitals",
+            vec!["dead", "--error-class", "INVALID"],
+            "error class",
+        ),
+        (
+            "dead: unknown channel",
+            vec!["dead", "--channel", "sms"],
+            "sms",
+        ),
+        (
+            "dead: bad since",
+            vec!["dead", "--since", "yesterday"],
+            "since",
+        ),
+        (
+            "dead: since without unit",
+            vec!["dead", "--since", "60"],
+            "since",
+        ),
+        ("dead: unknown flag", vec!["dead", "--all"], "--all"),
+        // show
+        ("show: no target", vec!["show"], "ID|KEY"),
+        ("show: two targets", vec!["show", "1", "2"], "2"),
+        (
+            "show: unknown flag",
+            vec!["show", "1", "--history"],
+            "--history",
+        ),
+        // replay
+        ("replay: no target", vec!["replay"], "ID|KEY"),
+        (
+            "replay: targets and --all-dead",
+            vec!["replay", "1", "--all-dead"],
+            "--all-dead",
+        ),
+        (
+            "replay: key and --all-dead",
+            vec!["replay", "--all-dead", "order-1:paid"],
+            "--all-dead",
+        ),
+        (
+            "replay: filter without --all-dead",
+            vec!["replay", "1", "--channel", "webhook"],
+            "--all-dead",
+        ),
+        (
+            "replay: bad since",
+            vec!["replay", "--all-dead", "--since", "1y"],
+            "since",
+        ),
+        (
+            "replay: unknown error class",
+            vec!["replay", "--all-dead", "--error-class", "fatal"],
+            "error class",
+        ),
+        (
+            "replay: unknown channel",
+            vec!["replay", "--all-dead", "--channel", "sms"],
+            "sms",
+        ),
+        (
+            "replay: unknown flag",
+            vec!["replay", "--all-dead", "--force"],
+            "--force",
+        ),
+        // purge
+        ("purge: no --older-than", vec!["purge"], "--older-than"),
+        (
+            "purge: older-than 1h",
+            vec!["purge", "--older-than", "1h"],
+            "older-than",
+        ),
+        (
+            "purge: older-than 23h",
+            vec!["purge", "--older-than", "23h", "--include-dead"],
+            "older-than",
+        ),
+        (
+            "purge: older-than 0s",
+            vec!["purge", "--older-than", "0s"],
+            "older-than",
+        ),
+        (
+            "purge: older-than without unit",
+            vec!["purge", "--older-than", "7"],
+            "older-than",
+        ),
+        (
+            "purge: missing value",
+            vec!["purge", "--older-than"],
+            "older-than",
+        ),
+        (
+            "purge: stray argument",
+            vec!["purge", "--older-than", "7d", "all"],
+            "all",
+        ),
+        // no or unknown subcommand
+        ("no subcommand, a flag", vec!["--json"], "--json"),
+        ("unknown subcommand", vec!["drain"], "drain"),
+    ];
+    assert_usage_errors(UNREACHABLE_URL, &cases);
+}
+
+#[test]
+fn bad_environment_values_exit_2_with_one_line() {
+    let cases: Vec<(&str, &str, &str, Vec<&str>, &str)> = vec![
+        ("OUTBOXD_LEASE", "forever", "run", vec![], "lease"),
+        ("OUTBOXD_BATCH_SIZE", "-1", "run", vec![], "batch"),
+        ("OUTBOXD_DRAIN", "sometimes", "run", vec![], "drain"),
+        (
+            "OUTBOXD_WORKER_ID",
+            "",
+            "run",
+            vec!["--worker-id", ""],
+            "worker-id",
+        ),
+        ("OUTBOXD_METRICS_ADDR", "nowhere", "run", vec![], "metrics"),
+        (
+            "OUTBOXD_LOG_FORMAT",
+            "xml",
+            "status",
+            vec![],
+            "OUTBOXD_LOG_FORMAT",
+        ),
+        ("RUST_LOG", "outboxd=[", "status", vec![], "RUST_LOG"),
+        (
+            "OUTBOXD_WEBHOOK_SECRET",
+            "whsec_",
+            "run",
+            vec![],
+            "OUTBOXD_WEBHOOK_SECRET",
+        ),
+        (
+            "OUTBOXD_WEBHOOK_SECRET",
+            "whsec_not base64!",
+            "run",
+            vec![],
+            "OUTBOXD_WEBHOOK_SECRET",
+        ),
+        (
+            "OUTBOXD_MAX_ATTEMPTS",
+            "lots",
+            "enqueue",
+            vec!["--key", "k", "--channel", "webhook", "--payload", "{}"],
+            "max-attempts",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (var, value, sub, extra, mention) in &cases {
+        let out = run(outboxd(UNREACHABLE_URL)
+            .env(var, value)
+            .arg(sub)
+            .args(extra));
+        let r = std::panic::catch_unwind(|| {
+            let line = assert_one_line_exit(&format!("{var}={value:?}"), &out, 2);
+            assert!(
+                line.to_lowercase().contains(&mention.to_lowercase()),
+                "{var}={value:?}: {line:?} should mention {mention:?}"
+            );
+        });
+        if r.is_err() {
+            failures.push(format!(
+                "{var}={value:?} {sub}: {:?} {:?}",
+                out.code, out.stderr
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_malformed_database_url_exits_2_for_every_command_that_connects() {
+    for url in [
+        "postgres://postgres@127.0.0.1:notaport/db",
+        "mysql://root@127.0.0.1/db",
+        "postgres://[::1/db",
+    ] {
+        for args in connecting_commands() {
+            let out = run(outboxd(url).args(&args));
+            let line = assert_one_line_exit(&format!("{url} {args:?}"), &out, 2);
+            assert!(line.contains("DATABASE_URL"), "{url} {args:?}: {line}");
+        }
+    }
+}
+
+/// One valid invocation of every subcommand that connects to the database.
+fn connecting_commands() -> Vec<Vec<&'static str>> {
+    vec![
+        vec!["migrate"],
+        vec![
+            "enqueue",
+            "--key",
+            "k",
+            "--channel",
+            "webhook",
+            "--payload",
+            r#"{"url": "https://x.example"}"#,
+        ],
+        vec!["status"],
+        vec!["status", "--json"],
+        vec!["dead"],
+        vec!["dead", "--json", "--limit", "1"],
+        vec!["show", "1"],
+        vec!["show", "some-key", "--json"],
+        vec!["replay", "1"],
+        vec!["replay", "--all-dead", "--dry-run"],
+        vec!["purge", "--older-than", "7d"],
+    ]
+}
+
+#[test]
+fn an_unreachable_database_exits_1_for_every_command_that_connects() {
+    for args in connecting_commands() {
+        let out = run(outboxd(UNREACHABLE_URL).args(&args));
+        let line = assert_one_line_exit(&format!("{args:?}"), &out, 1);
+        assert!(
+            line.contains("database") || line.contains("connect"),
+            "{args:?}: {line}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: stdout {:?}", out.stdout);
+    }
+}
+
+/// The rules only the database knows (those of `outbox.enqueue`) are bad usage too:
+/// exit 2, one line naming the field, and nothing inserted.
+#[tokio::test]
+async fn enqueue_input_refused_by_the_database_exits_2_and_inserts_nothing() {
+    let db = TestDb::new().await;
+    let url = db.url();
+    let cases: Vec<Case> = vec![
+        (
+            "max attempts 0",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                r#"{"url": "https://x.example"}"#,
+                "--max-attempts",
+                "0",
+            ],
+            "max_attempts",
+        ),
+        (
+            "max attempts negative",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                r#"{"url": "https://x.example"}"#,
+                "--max-attempts=-3",
+            ],
+            "max_attempts",
+        ),
+        (
+            "empty key",
+            vec![
+                "enqueue",
+                "--key",
+                "",
+                "--channel",
+                "webhook",
+                "--payload",
+                r#"{"url": "https://x.example"}"#,
+            ],
+            "message_key",
+        ),
+        (
+            "payload an array",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                "[]",
+            ],
+            "payload",
+        ),
+        (
+            "payload a string",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                r#""https://x.example""#,
+            ],
+            "payload",
+        ),
+        (
+            "url a number",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                r#"{"url": 1}"#,
+            ],
+            "payload.url",
+        ),
+        (
+            "no url",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "webhook",
+                "--payload",
+                "{}",
+            ],
+            "payload.url",
+        ),
+        (
+            "email without to",
+            vec![
+                "enqueue",
+                "--key",
+                "k",
+                "--channel",
+                "email",
+                "--payload",
+                r#"{"text": "hi"}"#,
+            ],
+            "payload.to",
+        ),
+    ];
+    let long_key = "k".repeat(256);
+    let mut cases = cases;
+    let long: &'static str = Box::leak(long_key.into_boxed_str());
+    cases.push((
+        "256-char key",
+        vec![
+            "enqueue",
+            "--key",
+            long,
+            "--channel",
+            "webhook",
+            "--payload",
+            r#"{"url": "https://x.example"}"#,
+        ],
+        "message_key",
+    ));
+    assert_usage_errors(&url, &cases);
+    let n: i64 = db.scalar("SELECT count(*) FROM outbox.messages").await;
+    assert_eq!(n, 0, "nothing inserted");
+}
+
+/// A `\u0000` in the payload is bad input as well; today the binary reports it as a
+/// runtime failure (exit 1): "error: enqueue failed: ERROR 22P05: unsupported Unicode
+/// escape sequence".
+#[tokio::test]
+#[ignore = "bug: `outboxd enqueue --payload '{\"url\":\"https://x.example\",\"body\":\"\\u0000\"}'` exits 1 with \
+            'error: enqueue failed: ERROR 22P05: unsupported Unicode escape sequence'; expected exit 2 naming the payload \
+            (see tests/bad_input.rs nul_bytes_are_invalid_naming_the_field for the fix)"]
+async fn a_nul_escape_in_the_payload_exits_2_naming_the_payload() {
+    let db = TestDb::new().await;
+    let out = run(outboxd(&db.url()).args([
+        "enqueue",
+        "--key",
+        "k",
+        "--channel",
+        "webhook",
+        "--payload",
+        r#"{"url": "https://x.example", "body": "\u0000"}"#,
+    ]));
+    let line = assert_one_line_exit("NUL escape", &out, 2);
+    assert!(line.contains("payload"), "{line}");
+    let n: i64 = db.scalar("SELECT count(*) FROM outbox.messages").await;
+    assert_eq!(n, 0);
+}
