@@ -123,6 +123,12 @@ BEGIN
     IF message_key IS NULL OR char_length(message_key) = 0 THEN
         RAISE EXCEPTION 'message_key must not be empty' USING ERRCODE = '22023', COLUMN = 'message_key';
     END IF;
+    -- HTTP strips whitespace at the edges of a header value: ' k' would reach the receiver
+    -- as 'k' and collide with another message's key.
+    IF message_key <> btrim(message_key, E' \t\r\n') THEN
+        RAISE EXCEPTION 'message_key must not begin or end with whitespace'
+            USING ERRCODE = '22023', COLUMN = 'message_key';
+    END IF;
     IF char_length(message_key) > 255 THEN
         RAISE EXCEPTION 'message_key must be at most 255 characters (got %)', char_length(message_key)
             USING ERRCODE = '22023', COLUMN = 'message_key';

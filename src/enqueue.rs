@@ -93,7 +93,7 @@ pub struct Enqueued {
 }
 
 /// Why an enqueue was refused.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum EnqueueError {
     /// The key already names a message with another channel or payload (SQLSTATE `OB409`).
     /// The existing row is untouched.
@@ -133,8 +133,43 @@ impl EnqueueError {
                 field: db.column().unwrap_or("").to_owned(),
                 message: db.message().to_owned(),
             }
+        } else if *db.code() == SqlState::UNTRANSLATABLE_CHARACTER {
+            // jsonb cannot hold \u0000 (22P05): the payload is bad input, not a database fault.
+            EnqueueError::Invalid {
+                field: "payload".into(),
+                message: "payload must not contain NUL characters (\\u0000)".into(),
+            }
+        } else if *db.code() == SqlState::CHARACTER_NOT_IN_REPERTOIRE {
+            // PostgreSQL text cannot hold a NUL byte (22021); Rust strings can, in the key.
+            EnqueueError::Invalid {
+                field: "message_key".into(),
+                message: "message_key must not contain NUL characters".into(),
+            }
         } else {
             EnqueueError::Database(err)
+        }
+    }
+}
+
+/// Debug without the database error's internals: its DETAIL and context can quote the
+/// row, payload included, and applications log errors with `{:?}`.
+impl std::fmt::Debug for EnqueueError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EnqueueError::KeyConflict { key, message } => f
+                .debug_struct("KeyConflict")
+                .field("key", key)
+                .field("message", message)
+                .finish(),
+            EnqueueError::Invalid { field, message } => f
+                .debug_struct("Invalid")
+                .field("field", field)
+                .field("message", message)
+                .finish(),
+            EnqueueError::Database(e) => f
+                .debug_tuple("Database")
+                .field(&crate::db::describe(e))
+                .finish(),
         }
     }
 }

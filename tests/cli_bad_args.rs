@@ -803,9 +803,6 @@ async fn enqueue_input_refused_by_the_database_exits_2_and_inserts_nothing() {
 /// runtime failure (exit 1): "error: enqueue failed: ERROR 22P05: unsupported Unicode
 /// escape sequence".
 #[tokio::test]
-#[ignore = "bug: `outboxd enqueue --payload '{\"url\":\"https://x.example\",\"body\":\"\\u0000\"}'` exits 1 with \
-            'error: enqueue failed: ERROR 22P05: unsupported Unicode escape sequence'; expected exit 2 naming the payload \
-            (see tests/bad_input.rs nul_bytes_are_invalid_naming_the_field for the fix)"]
 async fn a_nul_escape_in_the_payload_exits_2_naming_the_payload() {
     let db = TestDb::new().await;
     let out = run(outboxd(&db.url()).args([
