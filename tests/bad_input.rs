@@ -432,16 +432,6 @@ async fn payloads_up_to_1_mib_are_accepted_and_delivered_and_one_byte_more_is_re
 // NUL bytes
 // ---------------------------------------------------------------------------------------
 
-/// The server's error behind an `EnqueueError::Database`.
-fn db_error(err: &EnqueueError) -> &tokio_postgres::error::DbError {
-    match err {
-        EnqueueError::Database(e) => e
-            .as_db_error()
-            .unwrap_or_else(|| panic!("not a server error: {e:?}")),
-        other => panic!("expected a database error, got {other:?}"),
-    }
-}
-
 #[tokio::test]
 async fn nul_bytes_are_refused_by_postgresql_and_nothing_is_inserted() {
     let db = TestDb::new().await;
