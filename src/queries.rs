@@ -23,6 +23,13 @@
 /// Returns one row per picked message: `id, message_key, channel, payload (text), attempts
 /// (the number of this attempt), max_attempts, retry_ambiguous, lease_token, action` where
 /// action is `run` or `gave_up`.
+///
+/// Shape: the picked ids reach the `UPDATE` as an array (`id = ANY(ARRAY(...))`), so it is
+/// an index scan on the primary key whatever the table holds. (Joining the `UPDATE` to a
+/// CTE of picked rows let the planner choose a hash join over a sequential scan of the
+/// whole table: a claim then cost time proportional to every row ever kept.) The
+/// `CASE` arms read the row as locked, before the update: `state = 'running'` there means
+/// the lease had expired.
 pub const CLAIM: &str = r#"
 WITH expired AS (
     SELECT id FROM outbox.messages
@@ -36,42 +43,44 @@ WITH expired AS (
     ORDER BY run_after, id
     LIMIT greatest($2 - (SELECT count(*) FROM expired), 0)
     FOR UPDATE SKIP LOCKED
-), picked AS (
-    SELECT m.id,
-           m.state = 'running' AS expired,
-           m.state = 'running' AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts) AS give_up,
-           m.attempts AS prev_attempt,
-           m.lease_owner AS prev_owner,
-           m.updated_at AS prev_started
-    FROM outbox.messages m
-    WHERE m.id IN (SELECT id FROM expired UNION ALL SELECT id FROM due)
 ), lost AS (
     INSERT INTO outbox.attempts
         (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
-    SELECT id, prev_attempt, prev_owner, prev_started, now(),
-           CASE WHEN give_up THEN 'dead' ELSE 'lease_lost' END, 'ambiguous',
-           'lease expired while running: the attempt may have taken effect'
-    FROM picked WHERE expired
+    SELECT m.id, m.attempts, m.lease_owner, m.updated_at, now(),
+           CASE WHEN NOT m.retry_ambiguous OR m.attempts >= m.max_attempts
+                THEN 'dead' ELSE 'lease_lost' END,
+           'ambiguous', 'lease expired while running: the attempt may have taken effect'
+    FROM outbox.messages m
+    WHERE m.id = ANY(ARRAY(SELECT id FROM expired))
 )
 UPDATE outbox.messages m SET
-    state            = CASE WHEN p.give_up THEN 'dead' ELSE 'running' END,
-    attempts         = CASE WHEN p.give_up THEN m.attempts ELSE m.attempts + 1 END,
-    lease_owner      = CASE WHEN p.give_up THEN NULL ELSE $3::text END,
-    lease_token      = CASE WHEN p.give_up THEN NULL ELSE gen_random_uuid() END,
-    lease_expires_at = CASE WHEN p.give_up THEN NULL
-                            ELSE now() + make_interval(secs => $4::float8) END,
-    error_class      = CASE WHEN p.give_up THEN 'ambiguous'
-                            WHEN p.expired THEN 'ambiguous' ELSE m.error_class END,
-    last_error       = CASE WHEN p.expired
+    state            = CASE WHEN m.state = 'running'
+                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                            THEN 'dead' ELSE 'running' END,
+    attempts         = CASE WHEN m.state = 'running'
+                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                            THEN m.attempts ELSE m.attempts + 1 END,
+    lease_owner      = CASE WHEN m.state = 'running'
+                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                            THEN NULL ELSE $3::text END,
+    lease_token      = CASE WHEN m.state = 'running'
+                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                            THEN NULL ELSE gen_random_uuid() END,
+    lease_expires_at = CASE WHEN m.state = 'running'
+                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                            THEN NULL ELSE now() + make_interval(secs => $4::float8) END,
+    error_class      = CASE WHEN m.state = 'running' THEN 'ambiguous' ELSE m.error_class END,
+    last_error       = CASE WHEN m.state = 'running'
                             THEN 'lease expired while running: the attempt may have taken effect'
                             ELSE m.last_error END,
-    dead_at          = CASE WHEN p.give_up THEN now() END,
+    dead_at          = CASE WHEN m.state = 'running'
+                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                            THEN now() END,
     updated_at       = now()
-FROM picked p
-WHERE m.id = p.id
+WHERE m.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM due))
 RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts,
           m.max_attempts, m.retry_ambiguous, m.lease_token,
-          CASE WHEN p.give_up THEN 'gave_up' ELSE 'run' END AS action
+          CASE WHEN m.state = 'dead' THEN 'gave_up' ELSE 'run' END AS action
 "#;
 
 /// Complete: record the end of many attempts in one statement, each fenced by its lease.

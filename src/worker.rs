@@ -163,7 +163,7 @@ impl Worker {
             let want = free.min(cfg.batch_size);
             let claimed = match shared.pool.get().await {
                 Ok(client) => {
-                    claim::claim(&**client, &cfg.channels, want, &cfg.worker_id, cfg.lease)
+                    claim::claim_cached(&client, &cfg.channels, want, &cfg.worker_id, cfg.lease)
                         .await
                         .map_err(|e| e.to_string())
                 }
@@ -391,7 +391,7 @@ macro_rules! retry_db {
         loop {
             let result = async {
                 let obj = $shared.pool.get().await.map_err(|e| e.to_string())?;
-                let $client: &tokio_postgres::Client = &obj;
+                let $client: &deadpool_postgres::Client = &obj;
                 $op.await.map_err(|e| e.to_string())
             }
             .await;
@@ -440,7 +440,7 @@ async fn completer(
         let n = completions.len() + releases.len();
         if !completions.is_empty() {
             let recorded = retry_db!(shared, hard_stop, "recording attempts", |client| {
-                claim::complete(client, &shared.cfg.worker_id, &completions)
+                claim::complete_cached(client, &shared.cfg.worker_id, &completions)
             });
             match recorded {
                 Some(outcomes) => log_attempts(&shared, &completions, &logs, &outcomes),
@@ -452,7 +452,7 @@ async fn completer(
         }
         if !releases.is_empty() {
             let released = retry_db!(shared, hard_stop, "releasing messages", |client| {
-                claim::release(client, &shared.cfg.worker_id, &releases)
+                claim::release(&***client, &shared.cfg.worker_id, &releases)
             });
             if let Some(ids) = released {
                 for id in &ids {
