@@ -95,14 +95,15 @@ RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts
 /// whose lease expired and was taken over changes nothing. Its attempt row is still written,
 /// with outcome `lease_lost`, so the history shows what the stale worker saw. Returns
 /// `message_id, outcome` for every attempt row written.
+///
+/// Shape: the arrays are unnested straight into the `UPDATE` (an index probe per element)
+/// and into the `INSERT`; the ids the `UPDATE` changed come back as one array, so a changed
+/// row needs no second lookup, and only a row whose lease was lost is checked for existence
+/// (it may have been purged since; the attempt row would then have nothing to refer to).
+/// `OFFSET 0` keeps that check a probe of the primary key per row: without it the planner
+/// may turn the `EXISTS` into a hashed subplan, which reads the whole index.
 pub const COMPLETE: &str = r#"
-WITH input AS (
-    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
-                         $6::text[], $7::jsonb[], $8::int[], $9::text[], $10::int[],
-                         $11::bool[], $12::timestamptz[])
-        AS t(id, token, state, delay, error_class, error, response, attempt, outcome, status,
-             deduplicated, started_at)
-), done AS (
+WITH done AS (
     UPDATE outbox.messages m SET
         state            = i.state,
         run_after        = CASE WHEN i.state = 'pending'
@@ -117,19 +118,25 @@ WITH input AS (
         delivered_at     = CASE WHEN i.state = 'delivered' THEN now() END,
         dead_at          = CASE WHEN i.state = 'dead' THEN now() END,
         updated_at       = now()
-    FROM input i
+    FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[], $6::text[],
+                $7::jsonb[]) AS i(id, token, state, delay, error_class, error, response)
     WHERE m.id = i.id AND m.state = 'running' AND m.lease_token = i.token
     RETURNING m.id
+), done_ids AS (
+    SELECT coalesce(array_agg(id), '{}') AS ids FROM done
 )
 INSERT INTO outbox.attempts
     (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error, status,
      deduplicated)
 SELECT i.id, i.attempt, $13::text, i.started_at, now(),
-       CASE WHEN d.id IS NULL THEN 'lease_lost' ELSE i.outcome END,
+       CASE WHEN i.id = ANY(d.ids) THEN i.outcome ELSE 'lease_lost' END,
        i.error_class, i.error, i.status, i.deduplicated
-FROM input i
-LEFT JOIN done d ON d.id = i.id
-WHERE EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = i.id)
+FROM unnest($1::bigint[], $5::text[], $6::text[], $8::int[], $9::text[], $10::int[],
+            $11::bool[], $12::timestamptz[])
+         AS i(id, error_class, error, attempt, outcome, status, deduplicated, started_at),
+     done_ids d
+WHERE i.id = ANY(d.ids)
+   OR EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = i.id OFFSET 0)
 RETURNING message_id, outcome
 "#;
 
