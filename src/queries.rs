@@ -162,11 +162,18 @@ RETURNING message_id
 
 /// Is there anything left for these channels (`$1`)? True while any message is `pending`
 /// (due or not) or `running`: what `--drain` waits for.
+///
+/// One ordered `LIMIT 1` per state, so each is answered from the first entry of that
+/// state's partial index (`messages_due_idx`, `messages_lease_idx`). (A plain `EXISTS` lets
+/// the planner pick a sequential scan that expects to meet a match at once; in a table
+/// that keeps millions of delivered rows ahead of the pending ones, it reads them all.)
 pub const HAS_UNFINISHED: &str = r#"
-SELECT EXISTS (
-    SELECT 1 FROM outbox.messages
-    WHERE state IN ('pending', 'running') AND channel = ANY($1::text[])
-)
+SELECT (SELECT id FROM outbox.messages
+        WHERE state = 'pending' AND channel = ANY($1::text[])
+        ORDER BY run_after, id LIMIT 1) IS NOT NULL
+    OR (SELECT id FROM outbox.messages
+        WHERE state = 'running' AND channel = ANY($1::text[])
+        ORDER BY lease_expires_at LIMIT 1) IS NOT NULL
 "#;
 
 /// Status: message counts by channel and state.
