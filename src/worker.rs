@@ -476,12 +476,14 @@ fn log_attempts(
     logs: &[AttemptLog],
     outcomes: &[(i64, AttemptOutcome)],
 ) {
+    // One lookup per completion (a linear search per completion was quadratic in the
+    // flush size).
+    let by_id: std::collections::HashMap<i64, AttemptOutcome> = outcomes.iter().copied().collect();
     let mut summary = lock(&shared.summary);
     for (c, l) in completions.iter().zip(logs) {
-        let outcome = outcomes
-            .iter()
-            .find(|(id, _)| *id == c.id)
-            .map(|(_, o)| *o)
+        let outcome = by_id
+            .get(&c.id)
+            .copied()
             .unwrap_or(AttemptOutcome::LeaseLost);
         crate::metrics::attempt(l.channel, outcome, l.duration);
         match outcome {
