@@ -96,10 +96,16 @@ RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts
 /// with outcome `lease_lost`, so the history shows what the stale worker saw. Returns
 /// `message_id, outcome` for every attempt row written.
 ///
-/// Shape: the arrays are unnested straight into the `UPDATE` (an index probe per element)
-/// and into the `INSERT`; the ids the `UPDATE` changed come back as one array, so a changed
-/// row needs no second lookup, and only a row whose lease was lost is checked for existence
-/// (it may have been purged since; the attempt row would then have nothing to refer to).
+/// Shape: the arrays are unnested straight into the `UPDATE` and into the `INSERT`. The
+/// `UPDATE` reads the rows through `id = ANY($1)`, a probe of the primary key per element.
+/// The fence is the token alone: a token is set exactly while the row is `running` (the
+/// `messages_lease_iff_running` constraint), so it implies `state = 'running'`, and not
+/// writing that condition keeps the planner off the partial lease index, which it would
+/// otherwise read whole; until vacuum that index still holds an entry for every row
+/// claimed since, so a completion would cost time proportional to the work done before it. The ids the `UPDATE` changed
+/// come back as one array, so a changed row needs no second lookup, and only a row whose
+/// lease was lost is checked for existence (it may have been purged since; the attempt row
+/// would then have nothing to refer to).
 /// `OFFSET 0` keeps that check a probe of the primary key per row: without it the planner
 /// may turn the `EXISTS` into a hashed subplan, which reads the whole index.
 pub const COMPLETE: &str = r#"
@@ -120,7 +126,7 @@ WITH done AS (
         updated_at       = now()
     FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[], $6::text[],
                 $7::jsonb[]) AS i(id, token, state, delay, error_class, error, response)
-    WHERE m.id = i.id AND m.state = 'running' AND m.lease_token = i.token
+    WHERE m.id = ANY($1::bigint[]) AND m.id = i.id AND m.lease_token = i.token
     RETURNING m.id
 ), done_ids AS (
     SELECT coalesce(array_agg(id), '{}') AS ids FROM done
