@@ -522,10 +522,7 @@ async fn first_byte_receiver(
                     }
                     buf.extend_from_slice(&chunk[..n]);
                     // Handle every complete request in the buffer.
-                    loop {
-                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                            break;
-                        };
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                         let head = String::from_utf8_lossy(&buf[..end]).to_string();
                         let mut key = None;
                         let mut len = 0usize;
