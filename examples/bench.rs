@@ -486,6 +486,39 @@ async fn enqueue_bench(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         target: "≥ 50 000/s".into(),
     });
 
+    // The same from two connections at once (each 50 batches).
+    reset(&client).await?;
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..2 {
+        let mut conn = connect(&url).await?;
+        let payload = payload.clone();
+        tasks.push(tokio::spawn(async move {
+            for b in 0..total / 2000 {
+                let msgs: Vec<NewMessage> = (0..1000)
+                    .map(|i| NewMessage::webhook(format!("rb2-{c}-{b}-{i}"), payload.clone()))
+                    .collect();
+                let tx = conn.transaction().await?;
+                outboxd::enqueue_many(&tx, &msgs).await?;
+                tx.commit().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let rust2_rate = total as f64 / t.elapsed().as_secs_f64();
+    println!(
+        "  bulk via Rust enqueue_many, batches of 1000, 2 connections: {}/s",
+        fmt_rate(rust2_rate)
+    );
+    rows.push(Row {
+        figure: "enqueue: bulk, Rust enqueue_many, 2 connections".into(),
+        result: format!("{}/s", fmt_rate(rust2_rate)),
+        target: "≥ 50 000/s".into(),
+    });
+
     // Dedup rules per row: the same batch again is all `created = false`.
     let msgs: Vec<NewMessage> = (0..1000)
         .map(|i| NewMessage::webhook(format!("rb-0-{i}"), payload.clone()))
@@ -881,6 +914,49 @@ async fn ceiling(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let script = o.out.join("claim-complete.pgbench");
     std::fs::write(&script, format!("{claim_line} \\gset\n{complete_line};\n"))?;
     let pgbench = std::env::var("BENCH_PGBENCH").unwrap_or_else(|_| "pgbench".into());
+
+    // Single-message enqueue transactions, as the application sends them.
+    let enqueue_script = o.out.join("enqueue.pgbench");
+    std::fs::write(
+        &enqueue_script,
+        "\\set k random(1, 1000000000000)\nBEGIN;\n\
+         SELECT outbox.enqueue('pgb-' || :client_id || '-' || :k, 'webhook', :payload::jsonb);\n\
+         COMMIT;\n",
+    )?;
+    for notify in [true, false] {
+        reset(&client).await?;
+        let toggle = if notify { "ENABLE" } else { "DISABLE" };
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE outbox.messages {toggle} TRIGGER messages_notify"
+            ))
+            .await?;
+        let out = tokio::process::Command::new(&pgbench)
+            .args(["-n", "-M", "prepared", "-f"])
+            .arg(&enqueue_script)
+            .args(["-D", &format!("payload={payload}")])
+            .args(["-c", "4", "-j", "4", "-T", "5"])
+            .arg(&url)
+            .output()
+            .await?;
+        if !out.status.success() {
+            bail!("pgbench failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let tps = pgbench_tps(&String::from_utf8_lossy(&out.stdout))?;
+        let what = if notify { "with" } else { "without" };
+        println!("  enqueue transactions, 4 clients, {what} NOTIFY: {tps:.0}/s");
+        rows.push(Row {
+            figure: format!(
+                "pgbench ceiling: single-message enqueue transactions, 4 clients, {what} NOTIFY"
+            ),
+            result: format!("{}/s", fmt_rate(tps)),
+            target: "".into(),
+        });
+    }
+    client
+        .batch_execute("ALTER TABLE outbox.messages ENABLE TRIGGER messages_notify")
+        .await?;
+
     for (batch, clients, secs) in [(100, 1, 10), (100, 2, 10), (100, 4, 10), (1, 1, 10)] {
         reset(&client).await?;
         let need = if batch == 1 { 60_000 } else { 600_000 };
@@ -902,12 +978,7 @@ async fn ceiling(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         if !out.status.success() {
             bail!("pgbench failed: {}", String::from_utf8_lossy(&out.stderr));
         }
-        let tps: f64 = text
-            .lines()
-            .find(|l| l.starts_with("tps"))
-            .and_then(|l| l.split_whitespace().nth(2))
-            .and_then(|v| v.parse().ok())
-            .context("no tps line")?;
+        let tps = pgbench_tps(&text)?;
         let delivered: i64 = client
             .query_one(
                 "SELECT count(*) FROM outbox.messages WHERE state = 'delivered'",
@@ -929,6 +1000,15 @@ async fn ceiling(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         });
     }
     Ok(())
+}
+
+/// The `tps = N` of pgbench's report.
+fn pgbench_tps(text: &str) -> anyhow::Result<f64> {
+    text.lines()
+        .find(|l| l.starts_with("tps"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|v| v.parse().ok())
+        .context("no tps line in pgbench's output")
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

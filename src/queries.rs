@@ -5,6 +5,13 @@
 //! take their statements from here), and each one is exercised against a real database by
 //! the integration tests.
 
+/// Run once on every pooled connection (the worker's claims and completions): JIT off.
+/// PostgreSQL compiles a statement with LLVM when its estimated cost passes `jit_above_cost`;
+/// on a table holding millions of rows the claim's estimate does, and compiling it took
+/// tens of milliseconds on every execution, twenty times the claim itself. Short statements
+/// that touch a few dozen rows never gain from JIT.
+pub const SESSION_SETUP: &str = "SET jit = off";
+
 /// Claim: lease up to `$2` due messages of the channels `$1` for worker `$3`, for `$4`
 /// seconds, in one short committed statement.
 ///
