@@ -66,6 +66,9 @@ pub struct ClaimBatch {
     pub gave_up: Vec<GaveUp>,
 }
 
+/// The parameter types of [`queries::CLAIM`].
+const CLAIM_TYPES: [Type; 4] = [Type::TEXT_ARRAY, Type::INT8, Type::TEXT, Type::FLOAT8];
+
 /// Claims up to `limit` due messages of `channels` for `worker`, leased for `lease`.
 pub async fn claim<C: GenericClient>(
     client: &C,
@@ -74,16 +77,69 @@ pub async fn claim<C: GenericClient>(
     worker: &str,
     lease: Duration,
 ) -> Result<ClaimBatch, tokio_postgres::Error> {
-    let channels: Vec<&str> = channels.iter().map(|c| c.as_str()).collect();
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let lease_secs = lease.as_secs_f64();
-    let params: [(&(dyn ToSql + Sync), Type); 4] = [
-        (&channels, Type::TEXT_ARRAY),
-        (&limit, Type::INT8),
-        (&worker, Type::TEXT),
-        (&lease_secs, Type::FLOAT8),
-    ];
-    let rows = client.query_typed(queries::CLAIM, &params).await?;
+    let args = ClaimArgs::new(channels, limit, lease);
+    let params = args.params(&worker);
+    let typed: Vec<(&(dyn ToSql + Sync), Type)> = params.iter().copied().zip(CLAIM_TYPES).collect();
+    let rows = client.query_typed(queries::CLAIM, &typed).await?;
+    Ok(claim_batch(rows))
+}
+
+/// [`claim`] through a pooled connection, with the statement prepared once per connection
+/// (parsing and planning the claim costs about as much as running it for a small batch).
+pub async fn claim_cached(
+    client: &deadpool_postgres::Client,
+    channels: &[Channel],
+    limit: usize,
+    worker: &str,
+    lease: Duration,
+) -> Result<ClaimBatch, tokio_postgres::Error> {
+    let args = ClaimArgs::new(channels, limit, lease);
+    let params = args.params(&worker);
+    let rows = cached(client, queries::CLAIM, &CLAIM_TYPES, &params).await?;
+    Ok(claim_batch(rows))
+}
+
+/// Runs a statement prepared once per connection. On an error the connection's cache is
+/// emptied, so a statement invalidated by a schema change is prepared afresh next time.
+async fn cached(
+    client: &deadpool_postgres::Client,
+    sql: &str,
+    types: &[Type],
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    let result = async {
+        let stmt = client.prepare_typed_cached(sql, types).await?;
+        client.query(&stmt, params).await
+    }
+    .await;
+    if result.is_err() {
+        client.statement_cache.clear();
+    }
+    result
+}
+
+/// The claim's arguments in the types the statement takes.
+struct ClaimArgs<'a> {
+    channels: Vec<&'a str>,
+    limit: i64,
+    lease_secs: f64,
+}
+
+impl<'a> ClaimArgs<'a> {
+    fn new(channels: &'a [Channel], limit: usize, lease: Duration) -> Self {
+        ClaimArgs {
+            channels: channels.iter().map(|c| c.as_str()).collect(),
+            limit: i64::try_from(limit).unwrap_or(i64::MAX),
+            lease_secs: lease.as_secs_f64(),
+        }
+    }
+
+    fn params<'b>(&'b self, worker: &'b &str) -> [&'b (dyn ToSql + Sync); 4] {
+        [&self.channels, &self.limit, worker, &self.lease_secs]
+    }
+}
+
+fn claim_batch(rows: Vec<tokio_postgres::Row>) -> ClaimBatch {
     let mut batch = ClaimBatch::default();
     for row in rows {
         let channel: &str = row.get("channel");
@@ -113,7 +169,7 @@ pub async fn claim<C: GenericClient>(
             lease_token: row.get("lease_token"),
         });
     }
-    Ok(batch)
+    batch
 }
 
 /// The end of one attempt, ready to be written.
@@ -139,6 +195,23 @@ pub struct Completion {
     pub started_at: SystemTime,
 }
 
+/// The parameter types of [`queries::COMPLETE`].
+const COMPLETE_TYPES: [Type; 13] = [
+    Type::INT8_ARRAY,
+    Type::UUID_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::FLOAT8_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::JSONB_ARRAY,
+    Type::INT4_ARRAY,
+    Type::TEXT_ARRAY,
+    Type::INT4_ARRAY,
+    Type::BOOL_ARRAY,
+    Type::TIMESTAMPTZ_ARRAY,
+    Type::TEXT,
+];
+
 /// Writes many completions in one statement; returns the outcome recorded for each
 /// message id (`lease_lost` where the lease had been taken over).
 pub async fn complete<C: GenericClient>(
@@ -146,54 +219,102 @@ pub async fn complete<C: GenericClient>(
     worker: &str,
     batch: &[Completion],
 ) -> Result<Vec<(i64, AttemptOutcome)>, tokio_postgres::Error> {
-    let n = batch.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut tokens = Vec::with_capacity(n);
-    let mut states = Vec::with_capacity(n);
-    let mut delays = Vec::with_capacity(n);
-    let mut classes: Vec<Option<&str>> = Vec::with_capacity(n);
-    let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
-    let mut responses: Vec<Option<&serde_json::Value>> = Vec::with_capacity(n);
-    let mut attempts = Vec::with_capacity(n);
-    let mut outcomes = Vec::with_capacity(n);
-    let mut statuses = Vec::with_capacity(n);
-    let mut dedup = Vec::with_capacity(n);
-    let mut started = Vec::with_capacity(n);
-    for c in batch {
-        ids.push(c.id);
-        tokens.push(c.lease_token);
-        states.push(c.transition.next_state().as_str());
-        delays.push(match c.transition {
-            Transition::Retry { delay, .. } => delay.as_secs_f64(),
-            _ => 0.0,
-        });
-        classes.push(c.transition.error_class().map(ErrorClass::as_str));
-        errors.push(c.error.as_deref());
-        responses.push(c.response.as_ref());
-        attempts.push(c.attempt);
-        outcomes.push(c.transition.outcome().as_str());
-        statuses.push(c.status);
-        dedup.push(c.deduplicated);
-        started.push(c.started_at);
+    let args = CompleteArgs::new(batch);
+    let params = args.params(&worker);
+    let typed: Vec<(&(dyn ToSql + Sync), Type)> =
+        params.iter().copied().zip(COMPLETE_TYPES).collect();
+    let rows = client.query_typed(queries::COMPLETE, &typed).await?;
+    Ok(outcomes(&rows))
+}
+
+/// [`complete`] through a pooled connection, with the statement prepared once per
+/// connection.
+pub async fn complete_cached(
+    client: &deadpool_postgres::Client,
+    worker: &str,
+    batch: &[Completion],
+) -> Result<Vec<(i64, AttemptOutcome)>, tokio_postgres::Error> {
+    let args = CompleteArgs::new(batch);
+    let params = args.params(&worker);
+    let rows = cached(client, queries::COMPLETE, &COMPLETE_TYPES, &params).await?;
+    Ok(outcomes(&rows))
+}
+
+/// The completion arrays, one element per finished attempt.
+struct CompleteArgs<'a> {
+    ids: Vec<i64>,
+    tokens: Vec<Uuid>,
+    states: Vec<&'static str>,
+    delays: Vec<f64>,
+    classes: Vec<Option<&'static str>>,
+    errors: Vec<Option<&'a str>>,
+    responses: Vec<Option<&'a serde_json::Value>>,
+    attempts: Vec<i32>,
+    outcomes: Vec<&'static str>,
+    statuses: Vec<Option<i32>>,
+    dedup: Vec<bool>,
+    started: Vec<SystemTime>,
+}
+
+impl<'a> CompleteArgs<'a> {
+    fn new(batch: &'a [Completion]) -> Self {
+        let n = batch.len();
+        let mut a = CompleteArgs {
+            ids: Vec::with_capacity(n),
+            tokens: Vec::with_capacity(n),
+            states: Vec::with_capacity(n),
+            delays: Vec::with_capacity(n),
+            classes: Vec::with_capacity(n),
+            errors: Vec::with_capacity(n),
+            responses: Vec::with_capacity(n),
+            attempts: Vec::with_capacity(n),
+            outcomes: Vec::with_capacity(n),
+            statuses: Vec::with_capacity(n),
+            dedup: Vec::with_capacity(n),
+            started: Vec::with_capacity(n),
+        };
+        for c in batch {
+            a.ids.push(c.id);
+            a.tokens.push(c.lease_token);
+            a.states.push(c.transition.next_state().as_str());
+            a.delays.push(match c.transition {
+                Transition::Retry { delay, .. } => delay.as_secs_f64(),
+                _ => 0.0,
+            });
+            a.classes
+                .push(c.transition.error_class().map(ErrorClass::as_str));
+            a.errors.push(c.error.as_deref());
+            a.responses.push(c.response.as_ref());
+            a.attempts.push(c.attempt);
+            a.outcomes.push(c.transition.outcome().as_str());
+            a.statuses.push(c.status);
+            a.dedup.push(c.deduplicated);
+            a.started.push(c.started_at);
+        }
+        a
     }
-    let params: [(&(dyn ToSql + Sync), Type); 13] = [
-        (&ids, Type::INT8_ARRAY),
-        (&tokens, Type::UUID_ARRAY),
-        (&states, Type::TEXT_ARRAY),
-        (&delays, Type::FLOAT8_ARRAY),
-        (&classes, Type::TEXT_ARRAY),
-        (&errors, Type::TEXT_ARRAY),
-        (&responses, Type::JSONB_ARRAY),
-        (&attempts, Type::INT4_ARRAY),
-        (&outcomes, Type::TEXT_ARRAY),
-        (&statuses, Type::INT4_ARRAY),
-        (&dedup, Type::BOOL_ARRAY),
-        (&started, Type::TIMESTAMPTZ_ARRAY),
-        (&worker, Type::TEXT),
-    ];
-    let rows = client.query_typed(queries::COMPLETE, &params).await?;
-    Ok(rows
-        .iter()
+
+    fn params<'b>(&'b self, worker: &'b &str) -> [&'b (dyn ToSql + Sync); 13] {
+        [
+            &self.ids,
+            &self.tokens,
+            &self.states,
+            &self.delays,
+            &self.classes,
+            &self.errors,
+            &self.responses,
+            &self.attempts,
+            &self.outcomes,
+            &self.statuses,
+            &self.dedup,
+            &self.started,
+            worker,
+        ]
+    }
+}
+
+fn outcomes(rows: &[tokio_postgres::Row]) -> Vec<(i64, AttemptOutcome)> {
+    rows.iter()
         .map(|r| {
             let outcome: &str = r.get(1);
             let outcome = AttemptOutcome::ALL
@@ -202,7 +323,7 @@ pub async fn complete<C: GenericClient>(
                 .unwrap_or(AttemptOutcome::LeaseLost);
             (r.get(0), outcome)
         })
-        .collect())
+        .collect()
 }
 
 /// Gives back claimed messages this worker will not start (`released`, attempt not

@@ -6,7 +6,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::{Client, NoTls};
 
 use crate::config::ConfigError;
@@ -34,7 +34,8 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, ConfigError> {
 }
 
 /// A pool of `size` connections. Broken connections (a database restart) are dropped on
-/// return and replaced on the next checkout, which is how the worker reconnects.
+/// return and replaced on the next checkout, which is how the worker reconnects. Each new
+/// connection runs [`crate::queries::SESSION_SETUP`] first.
 pub fn pool(cfg: tokio_postgres::Config, size: usize) -> Result<Pool, ConfigError> {
     let mgr = Manager::from_config(
         cfg,
@@ -44,6 +45,14 @@ pub fn pool(cfg: tokio_postgres::Config, size: usize) -> Result<Pool, ConfigErro
         },
     );
     Pool::builder(mgr)
+        .post_create(Hook::async_fn(|client, _| {
+            Box::pin(async move {
+                client
+                    .batch_execute(crate::queries::SESSION_SETUP)
+                    .await
+                    .map_err(HookError::Backend)
+            })
+        }))
         .max_size(size)
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(Duration::from_secs(30)))

@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "operations",
         sql: include_str!("../sql/0002_operations.sql"),
     },
+    Migration {
+        version: 3,
+        name: "enqueue_many_set_based",
+        sql: include_str!("../sql/0003_enqueue_many_set_based.sql"),
+    },
 ];
 
 /// Why migrating failed.

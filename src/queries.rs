@@ -5,6 +5,13 @@
 //! take their statements from here), and each one is exercised against a real database by
 //! the integration tests.
 
+/// Run once on every pooled connection (the worker's claims and completions): JIT off.
+/// PostgreSQL compiles a statement with LLVM when its estimated cost passes `jit_above_cost`;
+/// on a table holding millions of rows the claim's estimate does, and compiling it took
+/// tens of milliseconds on every execution, twenty times the claim itself. Short statements
+/// that touch a few dozen rows never gain from JIT.
+pub const SESSION_SETUP: &str = "SET jit = off";
+
 /// Claim: lease up to `$2` due messages of the channels `$1` for worker `$3`, for `$4`
 /// seconds, in one short committed statement.
 ///
@@ -23,6 +30,13 @@
 /// Returns one row per picked message: `id, message_key, channel, payload (text), attempts
 /// (the number of this attempt), max_attempts, retry_ambiguous, lease_token, action` where
 /// action is `run` or `gave_up`.
+///
+/// Shape: the picked ids reach the `UPDATE` as an array (`id = ANY(ARRAY(...))`), so it is
+/// an index scan on the primary key whatever the table holds. (Joining the `UPDATE` to a
+/// CTE of picked rows let the planner choose a hash join over a sequential scan of the
+/// whole table: a claim then cost time proportional to every row ever kept.) The
+/// `CASE` arms read the row as locked, before the update: `state = 'running'` there means
+/// the lease had expired.
 pub const CLAIM: &str = r#"
 WITH expired AS (
     SELECT id FROM outbox.messages
@@ -36,42 +50,44 @@ WITH expired AS (
     ORDER BY run_after, id
     LIMIT greatest($2 - (SELECT count(*) FROM expired), 0)
     FOR UPDATE SKIP LOCKED
-), picked AS (
-    SELECT m.id,
-           m.state = 'running' AS expired,
-           m.state = 'running' AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts) AS give_up,
-           m.attempts AS prev_attempt,
-           m.lease_owner AS prev_owner,
-           m.updated_at AS prev_started
-    FROM outbox.messages m
-    WHERE m.id IN (SELECT id FROM expired UNION ALL SELECT id FROM due)
 ), lost AS (
     INSERT INTO outbox.attempts
         (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
-    SELECT id, prev_attempt, prev_owner, prev_started, now(),
-           CASE WHEN give_up THEN 'dead' ELSE 'lease_lost' END, 'ambiguous',
-           'lease expired while running: the attempt may have taken effect'
-    FROM picked WHERE expired
+    SELECT m.id, m.attempts, m.lease_owner, m.updated_at, now(),
+           CASE WHEN NOT m.retry_ambiguous OR m.attempts >= m.max_attempts
+                THEN 'dead' ELSE 'lease_lost' END,
+           'ambiguous', 'lease expired while running: the attempt may have taken effect'
+    FROM outbox.messages m
+    WHERE m.id = ANY(ARRAY(SELECT id FROM expired))
 )
 UPDATE outbox.messages m SET
-    state            = CASE WHEN p.give_up THEN 'dead' ELSE 'running' END,
-    attempts         = CASE WHEN p.give_up THEN m.attempts ELSE m.attempts + 1 END,
-    lease_owner      = CASE WHEN p.give_up THEN NULL ELSE $3::text END,
-    lease_token      = CASE WHEN p.give_up THEN NULL ELSE gen_random_uuid() END,
-    lease_expires_at = CASE WHEN p.give_up THEN NULL
-                            ELSE now() + make_interval(secs => $4::float8) END,
-    error_class      = CASE WHEN p.give_up THEN 'ambiguous'
-                            WHEN p.expired THEN 'ambiguous' ELSE m.error_class END,
-    last_error       = CASE WHEN p.expired
+    state            = CASE WHEN m.state = 'running'
+                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                            THEN 'dead' ELSE 'running' END,
+    attempts         = CASE WHEN m.state = 'running'
+                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                            THEN m.attempts ELSE m.attempts + 1 END,
+    lease_owner      = CASE WHEN m.state = 'running'
+                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                            THEN NULL ELSE $3::text END,
+    lease_token      = CASE WHEN m.state = 'running'
+                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                            THEN NULL ELSE gen_random_uuid() END,
+    lease_expires_at = CASE WHEN m.state = 'running'
+                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                            THEN NULL ELSE now() + make_interval(secs => $4::float8) END,
+    error_class      = CASE WHEN m.state = 'running' THEN 'ambiguous' ELSE m.error_class END,
+    last_error       = CASE WHEN m.state = 'running'
                             THEN 'lease expired while running: the attempt may have taken effect'
                             ELSE m.last_error END,
-    dead_at          = CASE WHEN p.give_up THEN now() END,
+    dead_at          = CASE WHEN m.state = 'running'
+                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                            THEN now() END,
     updated_at       = now()
-FROM picked p
-WHERE m.id = p.id
+WHERE m.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM due))
 RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts,
           m.max_attempts, m.retry_ambiguous, m.lease_token,
-          CASE WHEN p.give_up THEN 'gave_up' ELSE 'run' END AS action
+          CASE WHEN m.state = 'dead' THEN 'gave_up' ELSE 'run' END AS action
 "#;
 
 /// Complete: record the end of many attempts in one statement, each fenced by its lease.
@@ -86,14 +102,21 @@ RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts
 /// whose lease expired and was taken over changes nothing. Its attempt row is still written,
 /// with outcome `lease_lost`, so the history shows what the stale worker saw. Returns
 /// `message_id, outcome` for every attempt row written.
+///
+/// Shape: the arrays are unnested straight into the `UPDATE` and into the `INSERT`. The
+/// `UPDATE` reads the rows through `id = ANY($1)`, a probe of the primary key per element.
+/// The fence is the token alone: a token is set exactly while the row is `running` (the
+/// `messages_lease_iff_running` constraint), so it implies `state = 'running'`, and not
+/// writing that condition keeps the planner off the partial lease index, which it would
+/// otherwise read whole; until vacuum that index still holds an entry for every row
+/// claimed since, so a completion would cost time proportional to the work done before it. The ids the `UPDATE` changed
+/// come back as one array, so a changed row needs no second lookup, and only a row whose
+/// lease was lost is checked for existence (it may have been purged since; the attempt row
+/// would then have nothing to refer to).
+/// `OFFSET 0` keeps that check a probe of the primary key per row: without it the planner
+/// may turn the `EXISTS` into a hashed subplan, which reads the whole index.
 pub const COMPLETE: &str = r#"
-WITH input AS (
-    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
-                         $6::text[], $7::jsonb[], $8::int[], $9::text[], $10::int[],
-                         $11::bool[], $12::timestamptz[])
-        AS t(id, token, state, delay, error_class, error, response, attempt, outcome, status,
-             deduplicated, started_at)
-), done AS (
+WITH done AS (
     UPDATE outbox.messages m SET
         state            = i.state,
         run_after        = CASE WHEN i.state = 'pending'
@@ -108,19 +131,25 @@ WITH input AS (
         delivered_at     = CASE WHEN i.state = 'delivered' THEN now() END,
         dead_at          = CASE WHEN i.state = 'dead' THEN now() END,
         updated_at       = now()
-    FROM input i
-    WHERE m.id = i.id AND m.state = 'running' AND m.lease_token = i.token
+    FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[], $6::text[],
+                $7::jsonb[]) AS i(id, token, state, delay, error_class, error, response)
+    WHERE m.id = ANY($1::bigint[]) AND m.id = i.id AND m.lease_token = i.token
     RETURNING m.id
+), done_ids AS (
+    SELECT coalesce(array_agg(id), '{}') AS ids FROM done
 )
 INSERT INTO outbox.attempts
     (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error, status,
      deduplicated)
 SELECT i.id, i.attempt, $13::text, i.started_at, now(),
-       CASE WHEN d.id IS NULL THEN 'lease_lost' ELSE i.outcome END,
+       CASE WHEN i.id = ANY(d.ids) THEN i.outcome ELSE 'lease_lost' END,
        i.error_class, i.error, i.status, i.deduplicated
-FROM input i
-LEFT JOIN done d ON d.id = i.id
-WHERE EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = i.id)
+FROM unnest($1::bigint[], $5::text[], $6::text[], $8::int[], $9::text[], $10::int[],
+            $11::bool[], $12::timestamptz[])
+         AS i(id, error_class, error, attempt, outcome, status, deduplicated, started_at),
+     done_ids d
+WHERE i.id = ANY(d.ids)
+   OR EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = i.id OFFSET 0)
 RETURNING message_id, outcome
 "#;
 
@@ -146,11 +175,18 @@ RETURNING message_id
 
 /// Is there anything left for these channels (`$1`)? True while any message is `pending`
 /// (due or not) or `running`: what `--drain` waits for.
+///
+/// One ordered `LIMIT 1` per state, so each is answered from the first entry of that
+/// state's partial index (`messages_due_idx`, `messages_lease_idx`). (A plain `EXISTS` lets
+/// the planner pick a sequential scan that expects to meet a match at once; in a table
+/// that keeps millions of delivered rows ahead of the pending ones, it reads them all.)
 pub const HAS_UNFINISHED: &str = r#"
-SELECT EXISTS (
-    SELECT 1 FROM outbox.messages
-    WHERE state IN ('pending', 'running') AND channel = ANY($1::text[])
-)
+SELECT (SELECT id FROM outbox.messages
+        WHERE state = 'pending' AND channel = ANY($1::text[])
+        ORDER BY run_after, id LIMIT 1) IS NOT NULL
+    OR (SELECT id FROM outbox.messages
+        WHERE state = 'running' AND channel = ANY($1::text[])
+        ORDER BY lease_expires_at LIMIT 1) IS NOT NULL
 "#;
 
 /// Status: message counts by channel and state.

@@ -6,8 +6,9 @@
 //!       └────────────── wake: LISTEN, a freed slot, poll interval ◀────────┘
 //! ```
 //!
-//! * The claim loop asks for as many rows as it has free slots (at most `batch_size`), in
-//!   one short committed statement; no transaction is open while a message is being sent.
+//! * The claim loop asks for as many rows as it has free slots, plus up to one batch ahead
+//!   (at most `batch_size` per claim), in one short committed statement; a row claimed
+//!   ahead waits in its task for a slot. No transaction is open while a message is sent.
 //! * Each delivery runs in its own task holding a semaphore permit; its result goes through
 //!   [`decide`] and then to the completer.
 //! * The completer writes every completion that is waiting in one fenced statement, so
@@ -138,6 +139,11 @@ impl Worker {
             .map(|pg| tokio::spawn(listen(pg, shared.clone())));
 
         let slots = Arc::new(Semaphore::new(cfg.concurrency));
+        // Rows claimed ahead of free slots: each waits in its task for a slot, so a slot
+        // that frees starts its next message at once instead of after a claim's round trip
+        // (with a backlog, that round trip is what left slots idle). At most one batch
+        // ahead, never more than the concurrency.
+        let capacity = cfg.concurrency + cfg.concurrency.min(cfg.batch_size);
         let mut tasks = JoinSet::new();
         let mut db_backoff = Backoff::new();
         let mut backlog = false;
@@ -145,7 +151,7 @@ impl Worker {
 
         loop {
             while tasks.try_join_next().is_some() {}
-            let free = slots.available_permits();
+            let free = capacity.saturating_sub(tasks.len());
             // With a backlog, wait until a useful number of slots is free so each claim
             // fetches a batch rather than one row per finished delivery; when the queue is
             // idle, any free slot takes a new message at once.
@@ -163,7 +169,7 @@ impl Worker {
             let want = free.min(cfg.batch_size);
             let claimed = match shared.pool.get().await {
                 Ok(client) => {
-                    claim::claim(&**client, &cfg.channels, want, &cfg.worker_id, cfg.lease)
+                    claim::claim_cached(&client, &cfg.channels, want, &cfg.worker_id, cfg.lease)
                         .await
                         .map_err(|e| e.to_string())
                 }
@@ -199,19 +205,26 @@ impl Worker {
             }
             let got = batch.claimed.len();
             crate::metrics::claim_batch(got);
+            let claimed_at = Instant::now();
             for msg in batch.claimed {
-                let Ok(permit) = slots.clone().try_acquire_owned() else {
-                    // Cannot happen: only this loop takes permits and it asked for `free`.
-                    // Hand the row back rather than exceed the concurrency.
-                    shared.inflight.fetch_add(1, Ordering::SeqCst);
-                    let _ = done_tx.send(Done::Released(msg.id, msg.lease_token)).await;
-                    continue;
-                };
                 shared.inflight.fetch_add(1, Ordering::SeqCst);
                 let shared = shared.clone();
                 let tx = done_tx.clone();
+                let slots = slots.clone();
                 tasks.spawn(async move {
-                    let done = attempt(&shared, msg).await;
+                    // Wait for a delivery slot; at shutdown, give the row back instead.
+                    let permit = tokio::select! {
+                        p = slots.acquire_owned() => p.ok(),
+                        _ = shared.stopping.cancelled() => None,
+                    };
+                    // A row that waited for half its lease (deliveries slower than the
+                    // lease allows) is given back unsent rather than risk a takeover.
+                    let fresh = claimed_at.elapsed() < shared.cfg.lease / 2;
+                    let done = if permit.is_some() && fresh {
+                        attempt(&shared, msg).await
+                    } else {
+                        Done::Released(msg.id, msg.lease_token)
+                    };
                     // Keep the slot until the completer has room: that is the backpressure
                     // that stops claims while the database cannot keep up.
                     let _ = tx.send(done).await;
@@ -391,7 +404,7 @@ macro_rules! retry_db {
         loop {
             let result = async {
                 let obj = $shared.pool.get().await.map_err(|e| e.to_string())?;
-                let $client: &tokio_postgres::Client = &obj;
+                let $client: &deadpool_postgres::Client = &obj;
                 $op.await.map_err(|e| e.to_string())
             }
             .await;
@@ -440,7 +453,7 @@ async fn completer(
         let n = completions.len() + releases.len();
         if !completions.is_empty() {
             let recorded = retry_db!(shared, hard_stop, "recording attempts", |client| {
-                claim::complete(client, &shared.cfg.worker_id, &completions)
+                claim::complete_cached(client, &shared.cfg.worker_id, &completions)
             });
             match recorded {
                 Some(outcomes) => log_attempts(&shared, &completions, &logs, &outcomes),
@@ -452,7 +465,7 @@ async fn completer(
         }
         if !releases.is_empty() {
             let released = retry_db!(shared, hard_stop, "releasing messages", |client| {
-                claim::release(client, &shared.cfg.worker_id, &releases)
+                claim::release(&***client, &shared.cfg.worker_id, &releases)
             });
             if let Some(ids) = released {
                 for id in &ids {
@@ -476,12 +489,14 @@ fn log_attempts(
     logs: &[AttemptLog],
     outcomes: &[(i64, AttemptOutcome)],
 ) {
+    // One lookup per completion (a linear search per completion was quadratic in the
+    // flush size).
+    let by_id: std::collections::HashMap<i64, AttemptOutcome> = outcomes.iter().copied().collect();
     let mut summary = lock(&shared.summary);
     for (c, l) in completions.iter().zip(logs) {
-        let outcome = outcomes
-            .iter()
-            .find(|(id, _)| *id == c.id)
-            .map(|(_, o)| *o)
+        let outcome = by_id
+            .get(&c.id)
+            .copied()
             .unwrap_or(AttemptOutcome::LeaseLost);
         crate::metrics::attempt(l.channel, outcome, l.duration);
         match outcome {

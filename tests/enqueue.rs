@@ -977,6 +977,50 @@ async fn enqueue_many_is_all_or_nothing() {
 }
 
 #[tokio::test]
+async fn enqueue_many_reports_the_first_failing_row_in_array_order() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue(
+        &c,
+        &NewMessage::webhook("x0", hook("https://example.com/0")),
+    )
+    .await
+    .unwrap();
+    // A conflict before a bad row: OB409.
+    let msgs = vec![
+        NewMessage::webhook("p1", hook("https://example.com/1")),
+        NewMessage::webhook("x0", hook("https://example.com/changed")),
+        NewMessage::email("p3", json!({"to": [], "text": "hi"})),
+    ];
+    assert_key_conflict(enqueue_many(&c, &msgs).await, "x0");
+    // A bad row before a conflict: 22023.
+    let msgs = vec![
+        NewMessage::webhook("q1", hook("https://example.com/1")),
+        NewMessage::email("q2", json!({"to": [], "text": "hi"})),
+        NewMessage::webhook("x0", hook("https://example.com/changed")),
+    ];
+    assert_invalid(
+        enqueue_many(&c, &msgs).await.map(|_| Enqueued {
+            id: 0,
+            created: false,
+        }),
+        "payload.to",
+        "bad row before a conflict",
+    );
+    // The conflicting row is itself bad: 22023 (validation comes first, as for one row).
+    let msgs = vec![NewMessage::webhook("x0", hook("https://example.com/0")).max_attempts(0)];
+    assert_invalid(
+        enqueue_many(&c, &msgs).await.map(|_| Enqueued {
+            id: 0,
+            created: false,
+        }),
+        "max_attempts",
+        "bad row with an existing key",
+    );
+    assert_eq!(count_messages(&c).await, 1);
+}
+
+#[tokio::test]
 
 async fn enqueue_many_key_conflict_names_keys_with_quotes() {
     let db = TestDb::new().await;

@@ -1,0 +1,1044 @@
+//! The benchmark driver behind `bench/run` (not a test: it prints figures, it asserts nothing
+//! about speed). `bench/run` builds it, starts the nginx sink and a throwaway PostgreSQL
+//! cluster with stock settings, and runs it with these variables:
+//!
+//! * `BENCH_DATABASE_URL` — the throwaway cluster (the driver creates its databases there);
+//! * `BENCH_OUTBOXD` — the release `outboxd` binary;
+//! * `BENCH_SINK_URL`, `BENCH_SINK_STATUS` — nginx's 204 port and its request counter;
+//! * `BENCH_BODY` — the 300-byte JSON body the peers' figures used;
+//! * `BENCH_OUT` — a scratch folder for daemon logs;
+//! * `BENCH_ONLY` — comma-separated sections (default: all): throughput, enqueue, latency,
+//!   memory, depth, ceiling;
+//! * `BENCH_N` (20000), `BENCH_RUNS` (3), `BENCH_DEPTH_PENDING` (1000000),
+//!   `BENCH_DEPTH_DELIVERED` (10000000), `BENCH_LATENCY_RATE` (500), `BENCH_LATENCY_SECS` (10).
+//!
+//! Every loop is bounded by a count or a deadline; all traffic stays on 127.0.0.1.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::collections::HashMap;
+use std::io::{Read as _, Write as _};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use outboxd::NewMessage;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio_postgres::{Client, NoTls};
+
+struct Opts {
+    db: String,
+    outboxd: PathBuf,
+    sink: String,
+    sink_status: String,
+    body: Value,
+    out: PathBuf,
+    only: Vec<String>,
+    n: usize,
+    runs: usize,
+    depth_pending: i64,
+    depth_delivered: i64,
+    latency_rate: u64,
+    latency_secs: u64,
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+fn env_num<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+impl Opts {
+    fn from_env() -> anyhow::Result<Self> {
+        let body_path = env_or("BENCH_BODY", "../shared/bench/body.json");
+        let body = std::fs::read_to_string(&body_path).with_context(|| body_path.clone())?;
+        Ok(Opts {
+            db: std::env::var("BENCH_DATABASE_URL").context("BENCH_DATABASE_URL")?,
+            outboxd: env_or("BENCH_OUTBOXD", "target/release/outboxd").into(),
+            sink: env_or("BENCH_SINK_URL", "http://127.0.0.1:18080/hook"),
+            sink_status: env_or("BENCH_SINK_STATUS", "127.0.0.1:18081"),
+            body: serde_json::from_str(&body)?,
+            out: env_or("BENCH_OUT", "/tmp/outboxd-bench").into(),
+            only: env_or(
+                "BENCH_ONLY",
+                "throughput,enqueue,latency,memory,depth,ceiling",
+            )
+            .split(',')
+            .map(|s| s.trim().to_owned())
+            .collect(),
+            n: env_num("BENCH_N", 20_000),
+            runs: env_num("BENCH_RUNS", 3),
+            depth_pending: env_num("BENCH_DEPTH_PENDING", 1_000_000),
+            depth_delivered: env_num("BENCH_DEPTH_DELIVERED", 10_000_000),
+            latency_rate: env_num("BENCH_LATENCY_RATE", 500),
+            latency_secs: env_num("BENCH_LATENCY_SECS", 10),
+        })
+    }
+
+    fn wants(&self, section: &str) -> bool {
+        self.only.iter().any(|s| s == section)
+    }
+
+    fn payload(&self, url: &str) -> Value {
+        json!({"url": url, "body": self.body})
+    }
+
+    /// The URL of another database on the same cluster.
+    fn db_named(&self, name: &str) -> String {
+        match self.db.rfind('/') {
+            Some(i) => format!("{}/{}", &self.db[..i], name),
+            None => self.db.clone(),
+        }
+    }
+}
+
+/// One line of the final table.
+struct Row {
+    figure: String,
+    result: String,
+    target: String,
+}
+
+async fn connect(url: &str) -> anyhow::Result<Client> {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+/// A fresh database `name`, migrated by the real binary.
+async fn fresh_db(o: &Opts, name: &str) -> anyhow::Result<String> {
+    let admin = connect(&o.db).await?;
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await?;
+    let url = o.db_named(name);
+    let st = std::process::Command::new(&o.outboxd)
+        .arg("migrate")
+        .env("DATABASE_URL", &url)
+        .stdout(Stdio::null())
+        .status()?;
+    if !st.success() {
+        bail!("outboxd migrate failed");
+    }
+    Ok(url)
+}
+
+async fn reset(client: &Client) -> anyhow::Result<()> {
+    client
+        .batch_execute("TRUNCATE outbox.attempts, outbox.messages")
+        .await?;
+    client.batch_execute("CHECKPOINT").await?;
+    Ok(())
+}
+
+/// `n` webhook jobs in one SQL call (`outbox.enqueue_many`), keys `prefix-1..n`.
+async fn load_jobs(
+    client: &Client,
+    prefix: &str,
+    n: usize,
+    payload: &Value,
+) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    for start in (0..n).step_by(10_000) {
+        let end = (start + 10_000).min(n);
+        client
+            .execute(
+                "SELECT count(*) FROM outbox.enqueue_many(
+                    ARRAY(SELECT $1::text || g FROM generate_series($2::int, $3::int) g),
+                    array_fill('webhook'::text, ARRAY[$3::int - $2::int + 1]),
+                    array_fill($4::jsonb, ARRAY[$3::int - $2::int + 1]))",
+                &[
+                    &format!("{prefix}-"),
+                    &(start as i32 + 1),
+                    &(end as i32),
+                    payload,
+                ],
+            )
+            .await?;
+    }
+    Ok(t.elapsed())
+}
+
+/// nginx's request counter.
+fn sink_requests(addr: &str) -> anyhow::Result<u64> {
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.write_all(b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    // "...server accepts handled requests\n 1 1 1 \n..."
+    let line = text
+        .lines()
+        .skip_while(|l| !l.contains("accepts handled requests"))
+        .nth(1)
+        .context("no counter line in stub_status")?;
+    Ok(line
+        .split_whitespace()
+        .nth(2)
+        .context("no requests field")?
+        .parse()?)
+}
+
+fn vm_hwm_kb(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+struct Daemon {
+    child: tokio::process::Child,
+    started: Instant,
+}
+
+fn spawn_daemon(o: &Opts, url: &str, args: &[&str], log: &str) -> anyhow::Result<Daemon> {
+    let log = std::fs::File::create(o.out.join(log))?;
+    let started = Instant::now();
+    let child = tokio::process::Command::new(&o.outboxd)
+        .arg("run")
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()?;
+    Ok(Daemon { child, started })
+}
+
+impl Daemon {
+    fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
+    /// Waits for the daemon to exit by itself (`--drain`), at most `limit`; returns the time
+    /// from spawn to exit and the peak resident size seen.
+    async fn wait(mut self, limit: Duration) -> anyhow::Result<(Duration, u64)> {
+        let pid = self.pid();
+        let mut hwm = 0;
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                let took = self.started.elapsed();
+                if !st.success() {
+                    bail!("outboxd exited with {st}");
+                }
+                return Ok((took, hwm));
+            }
+            if let Some(k) = vm_hwm_kb(pid) {
+                hwm = hwm.max(k);
+            }
+            if self.started.elapsed() > limit {
+                let _ = self.child.kill().await;
+                bail!("outboxd did not finish within {limit:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// SIGTERM, then wait for the exit (bounded).
+    async fn stop(mut self) -> anyhow::Result<()> {
+        let pid = self.pid();
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status();
+        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+            Ok(r) => {
+                r?;
+            }
+            Err(_) => {
+                let _ = self.child.kill().await;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn fmt_rate(r: f64) -> String {
+    let r = r.round() as u64;
+    let s = r.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(' ');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One drain run: `n` jobs enqueued in bulk, then `outboxd run --drain`; returns
+/// deliveries per second and the daemon's peak resident size in kB.
+async fn drain_run(
+    o: &Opts,
+    url: &str,
+    client: &Client,
+    concurrency: usize,
+    tag: &str,
+) -> anyhow::Result<(f64, u64)> {
+    reset(client).await?;
+    load_jobs(client, "tp", o.n, &o.payload(&o.sink)).await?;
+    client
+        .batch_execute("VACUUM ANALYZE outbox.messages")
+        .await?;
+    client.batch_execute("CHECKPOINT").await?;
+    let before = sink_requests(&o.sink_status)?;
+    let conc = concurrency.to_string();
+    let d = spawn_daemon(
+        o,
+        url,
+        &["--drain", "--concurrency", &conc],
+        &format!("{tag}.log"),
+    )?;
+    let (took, hwm) = d.wait(Duration::from_secs(300)).await?;
+    let sent = sink_requests(&o.sink_status)? - before;
+    let delivered: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox.messages WHERE state = 'delivered'",
+            &[],
+        )
+        .await?
+        .get(0);
+    if delivered as usize != o.n {
+        bail!("{tag}: {delivered} of {} delivered", o.n);
+    }
+    let rate = o.n as f64 / took.as_secs_f64();
+    println!(
+        "  {tag}: {} jobs in {:.3} s = {}/s (sink saw {sent}; peak RSS {} MB)",
+        o.n,
+        took.as_secs_f64(),
+        fmt_rate(rate),
+        hwm / 1024
+    );
+    Ok((rate, hwm))
+}
+
+async fn throughput(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    println!("== throughput: {} jobs, outboxd run --drain", o.n);
+    let url = fresh_db(o, "bench_tp").await?;
+    let client = connect(&url).await?;
+    for conc in [64usize, 32] {
+        let mut rates = Vec::new();
+        for run in 0..o.runs {
+            let (r, _) = drain_run(o, &url, &client, conc, &format!("tp-c{conc}-{run}")).await?;
+            rates.push(r);
+        }
+        rows.push(Row {
+            figure: format!(
+                "webhook throughput, --concurrency {conc} (median of {})",
+                o.runs
+            ),
+            result: format!("{}/s", fmt_rate(median(rates))),
+            target: if conc == 64 {
+                "≥ 20 000/s".into()
+            } else {
+                "(peers' column: 32 in flight)".into()
+            },
+        });
+    }
+    Ok(())
+}
+
+async fn memory(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    println!("== memory: peak resident size at --concurrency 256");
+    let url = fresh_db(o, "bench_mem").await?;
+    let client = connect(&url).await?;
+    let (_, hwm) = drain_run(o, &url, &client, 256, "mem-c256").await?;
+    rows.push(Row {
+        figure: "daemon peak RSS (VmHWM), --concurrency 256, during a drain".into(),
+        result: format!("{:.1} MB", hwm as f64 / 1024.0),
+        target: "< 100 MB".into(),
+    });
+    Ok(())
+}
+
+/// Single-message transactions from `conns` connections for `secs` seconds.
+async fn enqueue_single(o: &Opts, url: &str, conns: usize, secs: u64) -> anyhow::Result<f64> {
+    let payload = o.payload(&o.sink);
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..conns {
+        let mut client = connect(url).await?;
+        let payload = payload.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let tx = client.transaction().await?;
+                let msg = NewMessage::webhook(format!("single-{c}-{n}"), payload.clone());
+                outboxd::enqueue(&tx, &msg).await?;
+                tx.commit().await?;
+                n += 1;
+            }
+            anyhow::Ok(n)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    Ok(total as f64 / t0.elapsed().as_secs_f64())
+}
+
+async fn enqueue_bench(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    println!("== enqueue");
+    let url = fresh_db(o, "bench_enq").await?;
+    let client = connect(&url).await?;
+    let payload = o.payload(&o.sink);
+
+    reset(&client).await?;
+    let with_notify = enqueue_single(o, &url, 4, 5).await?;
+    println!(
+        "  single-message transactions, 4 connections: {}/s",
+        fmt_rate(with_notify)
+    );
+    reset(&client).await?;
+    client
+        .batch_execute("ALTER TABLE outbox.messages DISABLE TRIGGER messages_notify")
+        .await?;
+    let without_notify = enqueue_single(o, &url, 4, 5).await?;
+    client
+        .batch_execute("ALTER TABLE outbox.messages ENABLE TRIGGER messages_notify")
+        .await?;
+    println!(
+        "  same, NOTIFY trigger disabled (for comparison only): {}/s",
+        fmt_rate(without_notify)
+    );
+    rows.push(Row {
+        figure: "enqueue: single-message transactions, 4 connections".into(),
+        result: format!("{}/s", fmt_rate(with_notify)),
+        target: "≥ 5 000/s".into(),
+    });
+    rows.push(Row {
+        figure: "  (same without the NOTIFY trigger, comparison only)".into(),
+        result: format!("{}/s", fmt_rate(without_notify)),
+        target: "".into(),
+    });
+
+    // Bulk through SQL: outbox.enqueue_many with arrays built server-side, 1000 per call,
+    // one transaction per call.
+    reset(&client).await?;
+    let total = 100_000usize;
+    let t = Instant::now();
+    for b in 0..total / 1000 {
+        client
+            .execute(
+                "SELECT count(*) FROM outbox.enqueue_many(
+                    ARRAY(SELECT 'bulk-' || $1::int || '-' || g FROM generate_series(1, 1000) g),
+                    array_fill('webhook'::text, ARRAY[1000]),
+                    array_fill($2::jsonb, ARRAY[1000]))",
+                &[&(b as i32), &payload],
+            )
+            .await?;
+    }
+    let sql_rate = total as f64 / t.elapsed().as_secs_f64();
+    println!(
+        "  bulk via SQL enqueue_many, batches of 1000: {}/s",
+        fmt_rate(sql_rate)
+    );
+    rows.push(Row {
+        figure: "enqueue: bulk, SQL outbox.enqueue_many (1000 per call)".into(),
+        result: format!("{}/s", fmt_rate(sql_rate)),
+        target: "≥ 50 000/s".into(),
+    });
+
+    // Bulk through the Rust batch API, 1000 per transaction, from the client side.
+    reset(&client).await?;
+    let mut c2 = connect(&url).await?;
+    let t = Instant::now();
+    for b in 0..total / 1000 {
+        let msgs: Vec<NewMessage> = (0..1000)
+            .map(|i| NewMessage::webhook(format!("rb-{b}-{i}"), payload.clone()))
+            .collect();
+        let tx = c2.transaction().await?;
+        let got = outboxd::enqueue_many(&tx, &msgs).await?;
+        tx.commit().await?;
+        assert_eq!(got.len(), 1000);
+    }
+    let rust_rate = total as f64 / t.elapsed().as_secs_f64();
+    println!(
+        "  bulk via Rust enqueue_many, batches of 1000: {}/s",
+        fmt_rate(rust_rate)
+    );
+    rows.push(Row {
+        figure: "enqueue: bulk, Rust enqueue_many (1000 per transaction)".into(),
+        result: format!("{}/s", fmt_rate(rust_rate)),
+        target: "≥ 50 000/s".into(),
+    });
+
+    // The same from two connections at once (each 50 batches).
+    reset(&client).await?;
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..2 {
+        let mut conn = connect(&url).await?;
+        let payload = payload.clone();
+        tasks.push(tokio::spawn(async move {
+            for b in 0..total / 2000 {
+                let msgs: Vec<NewMessage> = (0..1000)
+                    .map(|i| NewMessage::webhook(format!("rb2-{c}-{b}-{i}"), payload.clone()))
+                    .collect();
+                let tx = conn.transaction().await?;
+                outboxd::enqueue_many(&tx, &msgs).await?;
+                tx.commit().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let rust2_rate = total as f64 / t.elapsed().as_secs_f64();
+    println!(
+        "  bulk via Rust enqueue_many, batches of 1000, 2 connections: {}/s",
+        fmt_rate(rust2_rate)
+    );
+    rows.push(Row {
+        figure: "enqueue: bulk, Rust enqueue_many, 2 connections".into(),
+        result: format!("{}/s", fmt_rate(rust2_rate)),
+        target: "≥ 50 000/s".into(),
+    });
+
+    // Dedup rules per row: the same batch again is all `created = false`.
+    let msgs: Vec<NewMessage> = (0..1000)
+        .map(|i| NewMessage::webhook(format!("rb-0-{i}"), payload.clone()))
+        .collect();
+    let again = outboxd::enqueue_many(&client, &msgs).await?;
+    if again.iter().any(|e| e.created) {
+        bail!("re-enqueueing a batch created rows");
+    }
+    Ok(())
+}
+
+/// Receiver for the latency figure: a minimal HTTP/1.1 server that timestamps the first
+/// byte of each request as it comes off the socket, answers 204 and keeps the connection.
+async fn first_byte_receiver(
+    seen: Arc<Mutex<HashMap<String, Instant>>>,
+) -> anyhow::Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let _ = sock.set_nodelay(true);
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf: Vec<u8> = Vec::with_capacity(4096);
+                let mut first: Option<Instant> = None;
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let n = match sock.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    if first.is_none() {
+                        first = Some(Instant::now());
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    // Handle every complete request in the buffer.
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                        let mut key = None;
+                        let mut len = 0usize;
+                        for line in head.lines().skip(1) {
+                            if let Some((k, v)) = line.split_once(':') {
+                                let k = k.trim().to_ascii_lowercase();
+                                if k == "idempotency-key" {
+                                    key = Some(v.trim().to_owned());
+                                } else if k == "content-length" {
+                                    len = v.trim().parse().unwrap_or(0);
+                                }
+                            }
+                        }
+                        if buf.len() < end + 4 + len {
+                            break;
+                        }
+                        buf.drain(..end + 4 + len);
+                        if let (Some(k), Some(at)) = (key, first) {
+                            seen.lock().unwrap().entry(k).or_insert(at);
+                        }
+                        first = if buf.is_empty() {
+                            None
+                        } else {
+                            Some(Instant::now())
+                        };
+                        if sock
+                            .write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    Ok(addr)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+async fn latency(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let rate = o.latency_rate;
+    let total = rate * o.latency_secs;
+    println!("== latency: commit → first byte at the receiver, {rate} msg/s for {total} messages");
+    let url = fresh_db(o, "bench_lat").await?;
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let addr = first_byte_receiver(seen.clone()).await?;
+    let payload = o.payload(&format!("http://{addr}/hook"));
+    let daemon = spawn_daemon(o, &url, &["--concurrency", "64"], "latency.log")?;
+
+    // Warm up: the daemon is up, listening, and has a connection to the receiver.
+    let warm = connect(&url).await?;
+    let t = Instant::now();
+    outboxd::enqueue(&warm, &NewMessage::webhook("warm-0", payload.clone())).await?;
+    while !seen.lock().unwrap().contains_key("warm-0") {
+        if t.elapsed() > Duration::from_secs(20) {
+            bail!("the daemon delivered nothing within 20 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Paced enqueuer: one single-message transaction per tick, on 4 connections in turn.
+    let commits: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(Arc::new(tokio::sync::Mutex::new(connect(&url).await?)));
+    }
+    let mut tick = tokio::time::interval(Duration::from_nanos(1_000_000_000 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut jobs = Vec::new();
+    for i in 0..total {
+        tick.tick().await;
+        let client = clients[(i % 4) as usize].clone();
+        let commits = commits.clone();
+        let msg = NewMessage::webhook(format!("lat-{i}"), payload.clone());
+        jobs.push(tokio::spawn(async move {
+            let mut c = client.lock().await;
+            let tx = c.transaction().await?;
+            outboxd::enqueue(&tx, &msg).await?;
+            tx.commit().await?;
+            commits
+                .lock()
+                .unwrap()
+                .insert(msg.key().to_owned(), Instant::now());
+            anyhow::Ok(())
+        }));
+    }
+    for j in jobs {
+        j.await??;
+    }
+    let t = Instant::now();
+    while seen.lock().unwrap().len() < total as usize + 1 && t.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    daemon.stop().await?;
+    let seen = seen.lock().unwrap();
+    let commits = commits.lock().unwrap();
+    let mut lat: Vec<f64> = Vec::new();
+    let mut early = 0;
+    for (k, c) in commits.iter() {
+        if let Some(r) = seen.get(k) {
+            match r.checked_duration_since(*c) {
+                Some(d) => lat.push(d.as_secs_f64() * 1000.0),
+                None => {
+                    // The receiver saw it before the client got the commit's answer.
+                    early += 1;
+                    lat.push(0.0);
+                }
+            }
+        }
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let (p50, p99, max) = (
+        percentile(&lat, 0.50),
+        percentile(&lat, 0.99),
+        lat.last().copied().unwrap_or(f64::NAN),
+    );
+    println!(
+        "  {} of {total} received; p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms ({early} arrived before the client saw its commit)",
+        lat.len()
+    );
+    rows.push(Row {
+        figure: format!("latency commit → first byte, p50 ({rate} msg/s)"),
+        result: format!("{p50:.2} ms"),
+        target: "< 5 ms".into(),
+    });
+    rows.push(Row {
+        figure: format!("latency commit → first byte, p99 ({rate} msg/s)"),
+        result: format!("{p99:.2} ms"),
+        target: "< 25 ms".into(),
+    });
+    Ok(())
+}
+
+/// The claim with literal arguments, for EXPLAIN.
+fn claim_with_literals(limit: usize) -> String {
+    outboxd::queries::CLAIM
+        .replace("$1", "'{webhook}'")
+        .replace("$2", &limit.to_string())
+        .replace("$3", "'bench'")
+        .replace("$4", "60")
+}
+
+/// Deliveries per second from a backlog: the worker starts at t0, and the clock stops
+/// when the sink has seen `n` requests; the worker is then stopped.
+async fn window_run(o: &Opts, url: &str, tag: &str) -> anyhow::Result<f64> {
+    let before = sink_requests(&o.sink_status)?;
+    let d = spawn_daemon(o, url, &["--concurrency", "64"], &format!("{tag}.log"))?;
+    let started = d.started;
+    loop {
+        let seen = sink_requests(&o.sink_status)? - before;
+        if seen >= o.n as u64 {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            bail!("{tag}: only {seen} deliveries in 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let took = started.elapsed();
+    d.stop().await?;
+    let rate = o.n as f64 / took.as_secs_f64();
+    println!(
+        "  {tag}: {} deliveries in {:.3} s = {}/s",
+        o.n,
+        took.as_secs_f64(),
+        fmt_rate(rate)
+    );
+    Ok(rate)
+}
+
+async fn depth(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    println!(
+        "== depth: {} pending and {} delivered rows in the table",
+        o.depth_pending, o.depth_delivered
+    );
+    let payload = o.payload(&o.sink);
+
+    // The small table: the same measurement on a table holding only the backlog.
+    let small_url = fresh_db(o, "bench_small").await?;
+    let small = connect(&small_url).await?;
+    let mut small_rates = Vec::new();
+    for run in 0..o.runs {
+        reset(&small).await?;
+        load_jobs(&small, "w", o.n, &payload).await?;
+        small
+            .batch_execute("VACUUM ANALYZE outbox.messages")
+            .await?;
+        small.batch_execute("CHECKPOINT").await?;
+        small_rates.push(window_run(o, &small_url, &format!("small-{run}")).await?);
+    }
+    let small_rate = median(small_rates);
+
+    let url = fresh_db(o, "bench_depth").await?;
+    let client = connect(&url).await?;
+    // Loaded directly (triggers off in this session; the fingerprint computed the way the
+    // trigger does), in chunks of one million rows.
+    let t = Instant::now();
+    client
+        .batch_execute("SET session_replication_role = replica")
+        .await?;
+    let chunk = 1_000_000i64;
+    let mut done = 0i64;
+    while done < o.depth_delivered {
+        let upto = (done + chunk).min(o.depth_delivered);
+        client
+            .execute(
+                "INSERT INTO outbox.messages (message_key, channel, payload, request_hash, state,
+                     attempts, run_after, created_at, updated_at, delivered_at, response)
+                 SELECT 'old-' || g, 'webhook', p, outbox.request_hash('webhook', p), 'delivered',
+                     1, now() - interval '2 days', now() - interval '2 days', now() - interval '2 days',
+                     now() - interval '2 days', '{\"status\": 204, \"replayed\": false}'
+                 FROM generate_series($1::bigint, $2::bigint) g, (SELECT $3::jsonb AS p) x",
+                &[&(done + 1), &upto, &payload],
+            )
+            .await?;
+        done = upto;
+        println!(
+            "  loaded {done} delivered rows ({:.0} s)",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    // The backlog: due pending rows, older than anything the timed runs enqueue.
+    client
+        .execute(
+            "INSERT INTO outbox.messages (message_key, channel, payload, request_hash, run_after)
+             SELECT 'backlog-' || g, 'webhook', p, outbox.request_hash('webhook', p),
+                    now() - interval '1 hour' + g * interval '1 microsecond'
+             FROM generate_series(1, $1::bigint) g, (SELECT $2::jsonb AS p) x",
+            &[&o.depth_pending, &payload],
+        )
+        .await?;
+    client
+        .batch_execute("RESET session_replication_role")
+        .await?;
+    client
+        .batch_execute("VACUUM ANALYZE outbox.messages")
+        .await?;
+    client.batch_execute("CHECKPOINT").await?;
+    let size: String = client
+        .query_one(
+            "SELECT pg_size_pretty(pg_total_relation_size('outbox.messages'))",
+            &[],
+        )
+        .await?
+        .get(0);
+    println!(
+        "  loaded in {:.0} s; outbox.messages is {size} with its indexes",
+        t.elapsed().as_secs_f64()
+    );
+
+    // The claim's plan on the deep table (rolled back).
+    client.batch_execute("BEGIN").await?;
+    let plan = client
+        .query(
+            &format!(
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
+                claim_with_literals(64)
+            ),
+            &[],
+        )
+        .await?;
+    client.batch_execute("ROLLBACK").await?;
+    let plan: Vec<String> = plan.iter().map(|r| r.get::<_, String>(0)).collect();
+    std::fs::write(o.out.join("claim-plan-depth.txt"), plan.join("\n"))?;
+    println!("  claim plan (64 rows):");
+    for l in &plan {
+        println!("    {l}");
+    }
+
+    let mut deep_rates = Vec::new();
+    for run in 0..o.runs {
+        deep_rates.push(window_run(o, &url, &format!("deep-{run}")).await?);
+    }
+    let deep_rate = median(deep_rates);
+    rows.push(Row {
+        figure: format!(
+            "deliveries/s from a backlog, small table (median of {})",
+            o.runs
+        ),
+        result: format!("{}/s", fmt_rate(small_rate)),
+        target: "".into(),
+    });
+    rows.push(Row {
+        figure: format!(
+            "same with {} pending + {} delivered rows (median of {})",
+            o.depth_pending, o.depth_delivered, o.runs
+        ),
+        result: format!(
+            "{}/s ({:.0} %)",
+            fmt_rate(deep_rate),
+            100.0 * deep_rate / small_rate
+        ),
+        target: "≥ 80 % of small".into(),
+    });
+    Ok(())
+}
+
+/// The raw ceiling of the claim and completion statements: pgbench, prepared, each
+/// transaction claims a batch and completes it (two autocommit statements).
+async fn ceiling(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    println!("== ceiling: pgbench -M prepared, the worker's claim and completion statements");
+    let url = fresh_db(o, "bench_ceiling").await?;
+    let client = connect(&url).await?;
+    let payload = o.payload(&o.sink);
+    // The claim, as a top-level data-modifying statement whose result pgbench can \gset:
+    // its final UPDATE becomes a CTE and the arrays COMPLETE needs are aggregated from it.
+    let claim = outboxd::queries::CLAIM.trim();
+    let upd = claim
+        .rfind("UPDATE outbox.messages m SET")
+        .context("claim shape")?;
+    let claim_cte = format!(
+        "{}, claimed AS ({})\nSELECT coalesce(array_agg(id), '{{}}') AS ids, \
+         coalesce(array_agg(lease_token), '{{}}') AS tokens, \
+         coalesce(array_agg('delivered'::text), '{{}}') AS states, \
+         coalesce(array_agg(0::float8), '{{}}') AS delays, \
+         coalesce(array_agg(NULL::text), '{{}}') AS nulls, \
+         coalesce(array_agg('{{\"status\": 204, \"replayed\": false}}'::jsonb), '{{}}') AS responses, \
+         coalesce(array_agg(attempts), '{{}}') AS attempts, \
+         coalesce(array_agg('delivered'::text), '{{}}') AS outcomes, \
+         coalesce(array_agg(204), '{{}}') AS statuses, \
+         coalesce(array_agg(false), '{{}}') AS dedups, \
+         coalesce(array_agg(now()), '{{}}') AS started FROM claimed",
+        claim[..upd].trim_end(),
+        &claim[upd..]
+    );
+    let one_line = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let claim_line = one_line(&claim_cte)
+        .replace("$1::text[]", "'{webhook}'::text[]")
+        .replace("$2", ":batch")
+        .replace("$3::text", "'pgbench'::text")
+        .replace("$4::float8", "60::float8");
+    let complete_line = one_line(outboxd::queries::COMPLETE)
+        .replace("$10", ":statuses")
+        .replace("$11", ":dedups")
+        .replace("$12", ":started")
+        .replace("$13", "'pgbench'")
+        .replace("$1", ":ids")
+        .replace("$2", ":tokens")
+        .replace("$3", ":states")
+        .replace("$4", ":delays")
+        .replace("$5", ":nulls")
+        .replace("$6", ":nulls")
+        .replace("$7", ":responses")
+        .replace("$8", ":attempts")
+        .replace("$9", ":outcomes");
+    let script = o.out.join("claim-complete.pgbench");
+    std::fs::write(&script, format!("{claim_line} \\gset\n{complete_line};\n"))?;
+    let pgbench = std::env::var("BENCH_PGBENCH").unwrap_or_else(|_| "pgbench".into());
+
+    // Single-message enqueue transactions, as the application sends them.
+    let enqueue_script = o.out.join("enqueue.pgbench");
+    std::fs::write(
+        &enqueue_script,
+        "\\set k random(1, 1000000000000)\nBEGIN;\n\
+         SELECT outbox.enqueue('pgb-' || :client_id || '-' || :k, 'webhook', :payload::jsonb);\n\
+         COMMIT;\n",
+    )?;
+    for notify in [true, false] {
+        reset(&client).await?;
+        let toggle = if notify { "ENABLE" } else { "DISABLE" };
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE outbox.messages {toggle} TRIGGER messages_notify"
+            ))
+            .await?;
+        let out = tokio::process::Command::new(&pgbench)
+            .args(["-n", "-M", "prepared", "-f"])
+            .arg(&enqueue_script)
+            .args(["-D", &format!("payload={payload}")])
+            .args(["-c", "4", "-j", "4", "-T", "5"])
+            .arg(&url)
+            .output()
+            .await?;
+        if !out.status.success() {
+            bail!("pgbench failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let tps = pgbench_tps(&String::from_utf8_lossy(&out.stdout))?;
+        let what = if notify { "with" } else { "without" };
+        println!("  enqueue transactions, 4 clients, {what} NOTIFY: {tps:.0}/s");
+        rows.push(Row {
+            figure: format!(
+                "pgbench ceiling: single-message enqueue transactions, 4 clients, {what} NOTIFY"
+            ),
+            result: format!("{}/s", fmt_rate(tps)),
+            target: "".into(),
+        });
+    }
+    client
+        .batch_execute("ALTER TABLE outbox.messages ENABLE TRIGGER messages_notify")
+        .await?;
+
+    for (batch, clients, secs) in [(100, 1, 10), (100, 2, 10), (100, 4, 10), (1, 1, 10)] {
+        reset(&client).await?;
+        let need = if batch == 1 { 60_000 } else { 600_000 };
+        load_jobs(&client, "pgb", need, &payload).await?;
+        client
+            .batch_execute("VACUUM ANALYZE outbox.messages")
+            .await?;
+        client.batch_execute("CHECKPOINT").await?;
+        let out = tokio::process::Command::new(&pgbench)
+            .args(["-n", "-M", "prepared", "-f"])
+            .arg(&script)
+            .args(["-D", &format!("batch={batch}")])
+            .args(["-c", &clients.to_string(), "-j", &clients.to_string()])
+            .args(["-T", &secs.to_string()])
+            .arg(&url)
+            .output()
+            .await?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!("pgbench failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let tps = pgbench_tps(&text)?;
+        let delivered: i64 = client
+            .query_one(
+                "SELECT count(*) FROM outbox.messages WHERE state = 'delivered'",
+                &[],
+            )
+            .await?
+            .get(0);
+        let rate = delivered as f64 / secs as f64;
+        println!(
+            "  batch {batch}, {clients} client(s): {tps:.0} claim+complete pairs/s, {}/s rows",
+            fmt_rate(rate)
+        );
+        rows.push(Row {
+            figure: format!(
+                "pgbench ceiling: claim + complete, batch {batch}, {clients} client(s)"
+            ),
+            result: format!("{}/s rows", fmt_rate(rate)),
+            target: "".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The `tps = N` of pgbench's report.
+fn pgbench_tps(text: &str) -> anyhow::Result<f64> {
+    text.lines()
+        .find(|l| l.starts_with("tps"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|v| v.parse().ok())
+        .context("no tps line in pgbench's output")
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let o = Opts::from_env()?;
+    std::fs::create_dir_all(&o.out)?;
+    let mut rows = Vec::new();
+    if o.wants("throughput") {
+        throughput(&o, &mut rows).await?;
+    }
+    if o.wants("enqueue") {
+        enqueue_bench(&o, &mut rows).await?;
+    }
+    if o.wants("latency") {
+        latency(&o, &mut rows).await?;
+    }
+    if o.wants("memory") {
+        memory(&o, &mut rows).await?;
+    }
+    if o.wants("ceiling") {
+        ceiling(&o, &mut rows).await?;
+    }
+    if o.wants("depth") {
+        depth(&o, &mut rows).await?;
+    }
+    println!();
+    println!("| figure | result | target |");
+    println!("|---|---|---|");
+    for r in rows {
+        println!("| {} | {} | {} |", r.figure, r.result, r.target);
+    }
+    Ok(())
+}
