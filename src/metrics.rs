@@ -37,6 +37,13 @@ pub fn attempt(channel: Channel, outcome: AttemptOutcome, duration: Duration) {
         .record(duration.as_secs_f64());
 }
 
+/// Records a message the claim dead-lettered (its lease expired and no retry was allowed):
+/// an attempt outcome with no delivery duration of its own.
+pub fn gave_up(channel: Channel) {
+    metrics::counter!(DELIVERIES_TOTAL, "channel" => channel.as_str(), "outcome" => AttemptOutcome::Dead.as_str())
+        .increment(1);
+}
+
 /// Records the size of one claim.
 pub fn claim_batch(rows: usize) {
     metrics::histogram!(CLAIM_BATCH_SIZE).record(rows as f64);

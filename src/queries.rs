@@ -16,7 +16,7 @@ pub const SESSION_SETUP: &str = "SET jit = off";
 /// seconds, in one short committed statement.
 ///
 /// Candidates are `pending` rows whose `run_after` has passed, and `running` rows whose lease
-/// expired (their worker died or stalled), the expired first. `FOR UPDATE SKIP LOCKED` lets
+/// expired (their worker died or stalled), in `run_after, id` order across both. `FOR UPDATE SKIP LOCKED` lets
 /// any number of workers claim concurrently without ever returning one row twice.
 ///
 /// A claimed row becomes `running` with `attempts + 1` and a fresh random lease token; every
@@ -39,17 +39,27 @@ pub const SESSION_SETUP: &str = "SET jit = off";
 /// the lease had expired.
 pub const CLAIM: &str = r#"
 WITH expired AS (
-    SELECT id FROM outbox.messages
+    SELECT id, run_after FROM outbox.messages
     WHERE state = 'running' AND lease_expires_at <= now() AND channel = ANY($1::text[])
-    ORDER BY lease_expires_at, id
+    ORDER BY run_after, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), due AS (
-    SELECT id FROM outbox.messages
+    SELECT id, run_after FROM outbox.messages
     WHERE state = 'pending' AND run_after <= now() AND channel = ANY($1::text[])
     ORDER BY run_after, id
-    LIMIT greatest($2 - (SELECT count(*) FROM expired), 0)
+    LIMIT $2
     FOR UPDATE SKIP LOCKED
+), picked AS (
+    -- The contract's order over both kinds of candidate. Rows locked above but not picked
+    -- are untouched, and their locks end with this statement.
+    SELECT id FROM (
+        SELECT id, run_after, true AS e FROM expired
+        UNION ALL
+        SELECT id, run_after, false FROM due
+    ) c
+    ORDER BY run_after, id
+    LIMIT $2
 ), lost AS (
     INSERT INTO outbox.attempts
         (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
@@ -59,6 +69,7 @@ WITH expired AS (
            'ambiguous', 'lease expired while running: the attempt may have taken effect'
     FROM outbox.messages m
     WHERE m.id = ANY(ARRAY(SELECT id FROM expired))
+      AND m.id = ANY(ARRAY(SELECT id FROM picked))
 )
 UPDATE outbox.messages m SET
     state            = CASE WHEN m.state = 'running'
@@ -84,7 +95,7 @@ UPDATE outbox.messages m SET
                                  AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
                             THEN now() END,
     updated_at       = now()
-WHERE m.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM due))
+WHERE m.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts,
           m.max_attempts, m.retry_ambiguous, m.lease_token,
           CASE WHEN m.state = 'dead' THEN 'gave_up' ELSE 'run' END AS action
@@ -134,19 +145,24 @@ WITH done AS (
     FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[], $6::text[],
                 $7::jsonb[]) AS i(id, token, state, delay, error_class, error, response)
     WHERE m.id = ANY($1::bigint[]) AND m.id = i.id AND m.lease_token = i.token
-    RETURNING m.id
+    RETURNING m.id, i.token
 ), done_ids AS (
-    SELECT coalesce(array_agg(id), '{}') AS ids FROM done
+    -- (id, token) pairs: a batch holding a stale and a current completion of one message
+    -- records the stale one as lease_lost.
+    SELECT coalesce(array_agg(id), '{}') AS ids,
+           coalesce(array_agg(id::text || '/' || token::text), '{}') AS pairs
+    FROM done
 )
 INSERT INTO outbox.attempts
     (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error, status,
      deduplicated)
 SELECT i.id, i.attempt, $13::text, i.started_at, now(),
-       CASE WHEN i.id = ANY(d.ids) THEN i.outcome ELSE 'lease_lost' END,
+       CASE WHEN (i.id::text || '/' || i.token::text) = ANY(d.pairs) THEN i.outcome
+            ELSE 'lease_lost' END,
        i.error_class, i.error, i.status, i.deduplicated
-FROM unnest($1::bigint[], $5::text[], $6::text[], $8::int[], $9::text[], $10::int[],
-            $11::bool[], $12::timestamptz[])
-         AS i(id, error_class, error, attempt, outcome, status, deduplicated, started_at),
+FROM unnest($1::bigint[], $2::uuid[], $5::text[], $6::text[], $8::int[], $9::text[],
+            $10::int[], $11::bool[], $12::timestamptz[])
+         AS i(id, token, error_class, error, attempt, outcome, status, deduplicated, started_at),
      done_ids d
 WHERE i.id = ANY(d.ids)
    OR EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = i.id OFFSET 0)

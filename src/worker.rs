@@ -167,13 +167,18 @@ impl Worker {
                 }
             }
             let want = free.min(cfg.batch_size);
-            let claimed = match shared.pool.get().await {
-                Ok(client) => {
+            // Bounded, and raced against shutdown: a database that stops answering must
+            // neither freeze the loop nor delay a SIGTERM. A claim cut off after it
+            // committed leaves rows leased to us that we never saw; their leases expire
+            // and the next claim takes them over (nothing was sent).
+            let claimed = tokio::select! {
+                r = tokio::time::timeout(DB_TIMEOUT, async {
+                    let client = shared.pool.get().await.map_err(|e| crate::db::describe_pool(&e))?;
                     claim::claim_cached(&client, &cfg.channels, want, &cfg.worker_id, cfg.lease)
                         .await
-                        .map_err(|e| e.to_string())
-                }
-                Err(e) => Err(e.to_string()),
+                        .map_err(|e| crate::db::describe(&e))
+                }) => r.unwrap_or_else(|_| Err(format!("no answer within {}s", DB_TIMEOUT.as_secs()))),
+                _ = &mut shutdown => break,
             };
             let batch = match claimed {
                 Ok(b) => {
@@ -202,7 +207,12 @@ impl Worker {
             }
             if !batch.gave_up.is_empty() {
                 lock(&shared.summary).dead += batch.gave_up.len() as u64;
+                for g in &batch.gave_up {
+                    crate::metrics::gave_up(g.channel);
+                }
             }
+            // Rows dead-lettered by the claim took places in the batch too.
+            let picked = batch.claimed.len() + batch.gave_up.len();
             let got = batch.claimed.len();
             crate::metrics::claim_batch(got);
             let claimed_at = Instant::now();
@@ -232,11 +242,11 @@ impl Worker {
                     shared.wake.notify_one();
                 });
             }
-            backlog = got == want;
+            backlog = picked == want;
             if backlog {
                 continue;
             }
-            if cfg.drain && got == 0 && shared.inflight.load(Ordering::SeqCst) == 0 {
+            if cfg.drain && picked == 0 && shared.inflight.load(Ordering::SeqCst) == 0 {
                 match drain_done(&shared).await {
                     Ok(true) => {
                         tracing::info!(
@@ -313,12 +323,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// How long one database call of the loop may take before it counts as failed.
+const DB_TIMEOUT: Duration = Duration::from_secs(30);
+
 async fn drain_done(shared: &Shared) -> Result<bool, String> {
-    let client = shared.pool.get().await.map_err(|e| e.to_string())?;
-    let unfinished = claim::has_unfinished(&**client, &shared.cfg.channels)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(!unfinished)
+    let check = async {
+        let client = shared
+            .pool
+            .get()
+            .await
+            .map_err(|e| crate::db::describe_pool(&e))?;
+        claim::has_unfinished(&**client, &shared.cfg.channels)
+            .await
+            .map_err(|e| crate::db::describe(&e))
+    };
+    match tokio::time::timeout(DB_TIMEOUT, check).await {
+        Ok(r) => r.map(|unfinished| !unfinished),
+        Err(_) => Err(format!("no answer within {}s", DB_TIMEOUT.as_secs())),
+    }
 }
 
 /// One attempt: send, classify, decide. Never touches the database.
@@ -402,12 +424,17 @@ macro_rules! retry_db {
     ($shared:expr, $stop:expr, $what:literal, |$client:ident| $op:expr) => {{
         let mut backoff = Backoff::new();
         loop {
-            let result = async {
-                let obj = $shared.pool.get().await.map_err(|e| e.to_string())?;
+            // Bounded, and raced against the hard stop, so that neither a silent database
+            // nor shutdown can leave the completer stuck inside a write.
+            let attempt = tokio::time::timeout(DB_TIMEOUT, async {
+                let obj = $shared.pool.get().await.map_err(|e| crate::db::describe_pool(&e))?;
                 let $client: &deadpool_postgres::Client = &obj;
-                $op.await.map_err(|e| e.to_string())
-            }
-            .await;
+                $op.await.map_err(|e| crate::db::describe(&e))
+            });
+            let result = tokio::select! {
+                r = attempt => r.unwrap_or_else(|_| Err(format!("no answer within {}s", DB_TIMEOUT.as_secs()))),
+                _ = $stop.cancelled() => break None,
+            };
             match result {
                 Ok(v) => break Some(v),
                 Err(e) => {

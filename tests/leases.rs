@@ -468,3 +468,97 @@ async fn a_notification_wakes_an_idle_worker() {
     wait_for_state(&db, "wake:1", "delivered", Duration::from_secs(10)).await;
     w.stop().await;
 }
+
+async fn enqueue_due_ago(db: &TestDb, key: &str, ago: Duration) {
+    let c = db.client().await;
+    let msg =
+        outboxd::NewMessage::webhook(key, serde_json::json!({"url": "https://example.com/h"}))
+            .run_after(SystemTime::now() - ago);
+    outboxd::enqueue(&c, &msg).await.unwrap();
+}
+
+/// The contract's claim order, `run_after, id`, holds across pending rows and expired leases.
+#[tokio::test]
+async fn claims_take_expired_leases_and_due_rows_in_run_after_order() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue_due_ago(&db, "order:expired", Duration::from_secs(3600)).await;
+    let first = claim::claim(&c, WEBHOOK, 1, "w-dead", Duration::from_millis(200))
+        .await
+        .unwrap()
+        .claimed;
+    assert_eq!(first[0].key, "order:expired");
+    enqueue_due_ago(&db, "order:older", Duration::from_secs(7200)).await;
+    wait_until(Duration::from_secs(5), "the lease to expire", || async {
+        let live: i64 = db
+            .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'running' AND lease_expires_at > now()")
+            .await;
+        live == 0
+    })
+    .await;
+    let next = claim::claim(&c, WEBHOOK, 1, "w2", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .claimed;
+    assert_eq!(
+        next[0].key, "order:older",
+        "the pending row due earlier comes first"
+    );
+    let then = claim::claim(&c, WEBHOOK, 1, "w2", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .claimed;
+    assert_eq!(
+        (then[0].key.as_str(), then[0].attempt),
+        ("order:expired", 2)
+    );
+    // Only the expired row that was taken over has a lease_lost record.
+    assert_eq!(attempts(&db, "order:older").await.len(), 0);
+    assert_eq!(attempts(&db, "order:expired").await.len(), 1);
+}
+
+/// One batch carrying a stale and a current completion of the same message (a worker that
+/// took over its own expired lease) records the stale one as lease_lost.
+#[tokio::test]
+async fn a_stale_and_a_current_completion_in_one_batch() {
+    let db = TestDb::new().await;
+    enqueue_webhook(&db, "twice:1", "https://example.com/h", 3, true).await;
+    let c = db.client().await;
+    let old = claim::claim(&c, WEBHOOK, 1, "w", Duration::from_millis(200))
+        .await
+        .unwrap()
+        .claimed;
+    wait_until(Duration::from_secs(5), "the lease to expire", || async {
+        let expired: bool = db
+            .scalar("SELECT lease_expires_at < now() FROM outbox.messages")
+            .await;
+        expired
+    })
+    .await;
+    let new = claim::claim(&c, WEBHOOK, 1, "w", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .claimed;
+    let batch = [
+        completion(
+            &old[0],
+            Transition::Dead {
+                class: ErrorClass::Permanent,
+            },
+        ),
+        completion(&new[0], Transition::Delivered),
+    ];
+    claim::complete(&c, "w", &batch).await.unwrap();
+    assert_eq!(row(&db, "twice:1").await.state, "delivered");
+    let h: Vec<(i32, String)> = attempts(&db, "twice:1")
+        .await
+        .into_iter()
+        .map(|a| (a.0, a.1))
+        .collect();
+    assert!(h.contains(&(1, "lease_lost".to_owned())), "{h:?}");
+    assert!(h.contains(&(2, "delivered".to_owned())), "{h:?}");
+    assert!(
+        !h.iter().any(|a| a.1 == "dead"),
+        "the stale result was not recorded as dead: {h:?}"
+    );
+}
