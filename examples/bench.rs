@@ -486,6 +486,14 @@ async fn enqueue_bench(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         target: "≥ 50 000/s".into(),
     });
 
+    // Dedup rules per row: the same batch again is all `created = false`.
+    let msgs: Vec<NewMessage> = (0..1000)
+        .map(|i| NewMessage::webhook(format!("rb-0-{i}"), payload.clone()))
+        .collect();
+    let again = outboxd::enqueue_many(&client, &msgs).await?;
+    if again.iter().any(|e| e.created) {
+        bail!("re-enqueueing a batch created rows");
+    }
     // The same from two connections at once (each 50 batches).
     reset(&client).await?;
     let t = Instant::now();
@@ -519,14 +527,6 @@ async fn enqueue_bench(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         target: "≥ 50 000/s".into(),
     });
 
-    // Dedup rules per row: the same batch again is all `created = false`.
-    let msgs: Vec<NewMessage> = (0..1000)
-        .map(|i| NewMessage::webhook(format!("rb-0-{i}"), payload.clone()))
-        .collect();
-    let again = outboxd::enqueue_many(&client, &msgs).await?;
-    if again.iter().any(|e| e.created) {
-        bail!("re-enqueueing a batch created rows");
-    }
     Ok(())
 }
 
@@ -708,6 +708,19 @@ fn claim_with_literals(limit: usize) -> String {
         .replace("$4", "60")
 }
 
+/// `EXPLAIN (ANALYZE, BUFFERS)` of a 64-row claim, rolled back.
+async fn explain_claim(client: &Client) -> anyhow::Result<Vec<String>> {
+    client.batch_execute("BEGIN").await?;
+    let rows = client
+        .query(
+            &format!("EXPLAIN (ANALYZE, BUFFERS) {}", claim_with_literals(64)),
+            &[],
+        )
+        .await?;
+    client.batch_execute("ROLLBACK").await?;
+    Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
+}
+
 /// Deliveries per second from a backlog: the worker starts at t0, and the clock stops
 /// when the sink has seen `n` requests; the worker is then stopped.
 async fn window_run(o: &Opts, url: &str, tag: &str) -> anyhow::Result<f64> {
@@ -816,22 +829,27 @@ async fn depth(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
 
-    // The claim's plan on the deep table (rolled back).
-    client.batch_execute("BEGIN").await?;
-    let plan = client
-        .query(
-            &format!(
-                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
-                claim_with_literals(64)
-            ),
-            &[],
-        )
+    // The claim's plan on the deep table (rolled back), in a session set up as the worker's
+    // pooled connections are; run twice, the second (warm) one is shown. Then the summary
+    // of the same with PostgreSQL's default, jit = on.
+    client
+        .batch_execute(outboxd::queries::SESSION_SETUP)
         .await?;
-    client.batch_execute("ROLLBACK").await?;
-    let plan: Vec<String> = plan.iter().map(|r| r.get::<_, String>(0)).collect();
+    explain_claim(&client).await?;
+    let plan = explain_claim(&client).await?;
     std::fs::write(o.out.join("claim-plan-depth.txt"), plan.join("\n"))?;
-    println!("  claim plan (64 rows):");
+    println!(
+        "  claim plan (64 rows), as the worker runs it ({}):",
+        outboxd::queries::SESSION_SETUP
+    );
     for l in &plan {
+        println!("    {l}");
+    }
+    client.batch_execute("SET jit = on").await?;
+    explain_claim(&client).await?;
+    let jit = explain_claim(&client).await?;
+    println!("  the same claim with jit = on (PostgreSQL's default):");
+    for l in jit.iter().skip_while(|l| !l.starts_with("JIT")) {
         println!("    {l}");
     }
 

@@ -148,8 +148,19 @@ impl Worker {
         let mut db_backoff = Backoff::new();
         let mut backlog = false;
         tokio::pin!(shutdown);
+        // Poll the shutdown future once before the first claim, so that whatever it sets up
+        // (the daemon's signal handlers) is in place before any message is sent: a signal
+        // that came earlier would end the process without a graceful stop.
+        let stopped_early = tokio::select! {
+            biased;
+            _ = &mut shutdown => true,
+            _ = std::future::ready(()) => false,
+        };
 
         loop {
+            if stopped_early {
+                break;
+            }
             while tasks.try_join_next().is_some() {}
             let free = capacity.saturating_sub(tasks.len());
             // With a backlog, wait until a useful number of slots is free so each claim
