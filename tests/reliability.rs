@@ -402,5 +402,8 @@ async fn terminated_database_connections_lose_nothing() {
     assert_eq!(keys.len(), N);
     assert_eq!(count_state(&c, "running").await, 0);
     assert!(claims_killed > 0, "a claim was terminated mid-statement");
-    assert!(completions_killed > 0, "a completion was terminated mid-statement");
+    assert!(
+        completions_killed > 0,
+        "a completion was terminated mid-statement"
+    );
 }
