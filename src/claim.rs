@@ -317,10 +317,7 @@ fn outcomes(rows: &[tokio_postgres::Row]) -> Vec<(i64, AttemptOutcome)> {
     rows.iter()
         .map(|r| {
             let outcome: &str = r.get(1);
-            let outcome = AttemptOutcome::ALL
-                .into_iter()
-                .find(|o| o.as_str() == outcome)
-                .unwrap_or(AttemptOutcome::LeaseLost);
+            let outcome = AttemptOutcome::parse(outcome).unwrap_or(AttemptOutcome::LeaseLost);
             (r.get(0), outcome)
         })
         .collect()

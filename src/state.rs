@@ -93,6 +93,11 @@ impl AttemptOutcome {
             AttemptOutcome::Replayed => "replayed",
         }
     }
+
+    /// Parses the text stored in the database.
+    pub fn parse(s: &str) -> Option<AttemptOutcome> {
+        AttemptOutcome::ALL.into_iter().find(|o| o.as_str() == s)
+    }
 }
 
 impl fmt::Display for AttemptOutcome {
@@ -282,5 +287,8 @@ mod tests {
             assert_eq!(State::parse(st.as_str()), Some(st));
         }
         assert_eq!(State::parse("done"), None);
+        for o in AttemptOutcome::ALL {
+            assert_eq!(AttemptOutcome::parse(o.as_str()), Some(o));
+        }
     }
 }

@@ -148,19 +148,8 @@ impl Worker {
         let mut db_backoff = Backoff::new();
         let mut backlog = false;
         tokio::pin!(shutdown);
-        // Poll the shutdown future once before the first claim, so that whatever it sets up
-        // (the daemon's signal handlers) is in place before any message is sent: a signal
-        // that came earlier would end the process without a graceful stop.
-        let stopped_early = tokio::select! {
-            biased;
-            _ = &mut shutdown => true,
-            _ = std::future::ready(()) => false,
-        };
 
         loop {
-            if stopped_early {
-                break;
-            }
             while tasks.try_join_next().is_some() {}
             let free = capacity.saturating_sub(tasks.len());
             // With a backlog, wait until a useful number of slots is free so each claim
@@ -182,14 +171,16 @@ impl Worker {
             // neither freeze the loop nor delay a SIGTERM. A claim cut off after it
             // committed leaves rows leased to us that we never saw; their leases expire
             // and the next claim takes them over (nothing was sent).
+            // Shutdown is checked first: a stop that is already due never starts a claim.
             let claimed = tokio::select! {
-                r = tokio::time::timeout(DB_TIMEOUT, async {
-                    let client = shared.pool.get().await.map_err(|e| crate::db::describe_pool(&e))?;
+                biased;
+                _ = &mut shutdown => break,
+                r = bounded(async {
+                    let client = checkout(&shared.pool).await?;
                     claim::claim_cached(&client, &cfg.channels, want, &cfg.worker_id, cfg.lease)
                         .await
                         .map_err(|e| crate::db::describe(&e))
-                }) => r.unwrap_or_else(|_| Err(format!("no answer within {}s", DB_TIMEOUT.as_secs()))),
-                _ = &mut shutdown => break,
+                }) => r,
             };
             let batch = match claimed {
                 Ok(b) => {
@@ -337,21 +328,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// How long one database call of the loop may take before it counts as failed.
 const DB_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// One database call of the loop, bounded by [`DB_TIMEOUT`]; failures as one line.
+async fn bounded<T>(call: impl Future<Output = Result<T, String>>) -> Result<T, String> {
+    tokio::time::timeout(DB_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {}s", DB_TIMEOUT.as_secs())))
+}
+
+/// A pooled connection, or why there is none, as one line.
+async fn checkout(pool: &Pool) -> Result<deadpool_postgres::Object, String> {
+    pool.get().await.map_err(|e| crate::db::describe_pool(&e))
+}
+
 async fn drain_done(shared: &Shared) -> Result<bool, String> {
-    let check = async {
-        let client = shared
-            .pool
-            .get()
-            .await
-            .map_err(|e| crate::db::describe_pool(&e))?;
+    let unfinished = bounded(async {
+        let client = checkout(&shared.pool).await?;
         claim::has_unfinished(&**client, &shared.cfg.channels)
             .await
             .map_err(|e| crate::db::describe(&e))
-    };
-    match tokio::time::timeout(DB_TIMEOUT, check).await {
-        Ok(r) => r.map(|unfinished| !unfinished),
-        Err(_) => Err(format!("no answer within {}s", DB_TIMEOUT.as_secs())),
-    }
+    })
+    .await?;
+    Ok(!unfinished)
 }
 
 /// One attempt: send, classify, decide. Never touches the database.
@@ -437,13 +434,13 @@ macro_rules! retry_db {
         loop {
             // Bounded, and raced against the hard stop, so that neither a silent database
             // nor shutdown can leave the completer stuck inside a write.
-            let attempt = tokio::time::timeout(DB_TIMEOUT, async {
-                let obj = $shared.pool.get().await.map_err(|e| crate::db::describe_pool(&e))?;
+            let attempt = bounded(async {
+                let obj = checkout(&$shared.pool).await?;
                 let $client: &deadpool_postgres::Client = &obj;
                 $op.await.map_err(|e| crate::db::describe(&e))
             });
             let result = tokio::select! {
-                r = attempt => r.unwrap_or_else(|_| Err(format!("no answer within {}s", DB_TIMEOUT.as_secs()))),
+                r = attempt => r,
                 _ = $stop.cancelled() => break None,
             };
             match result {
