@@ -4,95 +4,18 @@
 
 mod common;
 
-use std::io::Read as _;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
+use common::binary::{Output, UNREACHABLE_URL, outboxd, run};
 use common::*;
 use serde_json::Value;
-
-/// A URL nothing listens on: a command that must fail before touching the network gets it,
-/// so reaching the network would show up as another exit code or a hang.
-const UNREACHABLE_URL: &str = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
-
-/// The binary with a clean environment: no inherited `OUTBOXD_*`, `RUST_LOG` or
-/// `DATABASE_URL` (set it with `.env` when wanted).
-fn outboxd(database_url: Option<&str>) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("OUTBOXD_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env_remove("RUST_LOG").env_remove("DATABASE_URL");
-    if let Some(url) = database_url {
-        cmd.env("DATABASE_URL", url);
-    }
-    cmd
-}
-
-struct Output {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Output {
-    fn stderr_lines(&self) -> Vec<&str> {
-        self.stderr
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .collect()
-    }
-}
-
-/// Runs the command to its end, within 20 s (killed and failed after that).
-fn run(cmd: &mut Command) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn outboxd");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("outboxd {cmd:?} did not exit within 20s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    Output {
-        code: status.code().expect("exited, not killed by a signal"),
-        stdout,
-        stderr,
-    }
-}
 
 /// Asserts exit 2 with exactly one non-empty stderr line, no panic, containing `mention`.
 fn assert_usage_error(what: &str, out: &Output, mention: &str) {
     assert_eq!(
-        out.code, 2,
+        out.code,
+        Some(2),
         "{what}: exit code (stdout {:?}, stderr {:?})",
-        out.stdout, out.stderr
+        out.stdout,
+        out.stderr
     );
     let lines = out.stderr_lines();
     assert_eq!(
@@ -121,7 +44,7 @@ async fn count(db: &TestDb) -> i64 {
 #[test]
 fn help_exits_0() {
     let out = run(outboxd(None).arg("--help"));
-    assert_eq!(out.code, 0, "{:?}", out.stderr);
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
     for sub in ["migrate", "run", "enqueue", "status"] {
         assert!(
             out.stdout.contains(sub),
@@ -130,7 +53,7 @@ fn help_exits_0() {
         );
     }
     let out = run(outboxd(None).args(["enqueue", "--help"]));
-    assert_eq!(out.code, 0);
+    assert_eq!(out.code, Some(0));
     assert!(out.stdout.contains("--payload"));
 }
 
@@ -139,10 +62,10 @@ async fn migrate_twice_exits_0() {
     let db = TestDb::empty().await;
     let url = db.url();
     let first = run(outboxd(Some(&url)).arg("migrate"));
-    assert_eq!(first.code, 0, "{:?}", first.stderr);
+    assert_eq!(first.code, Some(0), "{:?}", first.stderr);
     assert!(first.stdout.contains("0001_outbox.sql"), "{}", first.stdout);
     let second = run(outboxd(Some(&url)).arg("migrate"));
-    assert_eq!(second.code, 0, "{:?}", second.stderr);
+    assert_eq!(second.code, Some(0), "{:?}", second.stderr);
     assert!(!second.stdout.contains("applied 0001"), "{}", second.stdout);
     let n: i64 = db
         .scalar("SELECT count(*) FROM outbox.schema_migrations")
@@ -171,12 +94,12 @@ async fn enqueue_prints_id_and_created_or_existing() {
     ];
 
     let out = run(outboxd(Some(&url)).args(args));
-    assert_eq!(out.code, 0, "{:?}", out.stderr);
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
     let id = row(&db, key).await.id;
     assert_eq!(out.stdout.trim(), format!("{id} created"));
 
     let out = run(outboxd(Some(&url)).args(args));
-    assert_eq!(out.code, 0, "{:?}", out.stderr);
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
     assert_eq!(out.stdout.trim(), format!("{id} existing"));
 
     // The same key with another payload: a refusal, exit 1, one line naming the key.
@@ -192,7 +115,7 @@ async fn enqueue_prints_id_and_created_or_existing() {
         "--payload",
         r#"{"url":"https://example.com/other"}"#,
     ]));
-    assert_eq!(out.code, 1, "{:?}", out.stderr);
+    assert_eq!(out.code, Some(1), "{:?}", out.stderr);
     let lines = out.stderr_lines();
     assert_eq!(lines.len(), 1, "{:?}", out.stderr);
     assert!(lines[0].contains(key), "{:?}", lines[0]);
@@ -226,7 +149,7 @@ async fn enqueue_reads_the_payload_from_a_file_and_takes_the_options() {
         "2099-12-24T18:00:00Z",
     ]));
     let _ = std::fs::remove_file(&path);
-    assert_eq!(out.code, 0, "{:?}", out.stderr);
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
     let c = db.client().await;
     let r = c
         .query_one(
@@ -322,7 +245,7 @@ async fn status_json_has_the_contract_shape_and_counts() {
     let url = db.url();
 
     let empty = run(outboxd(Some(&url)).args(["status", "--json"]));
-    assert_eq!(empty.code, 0, "{:?}", empty.stderr);
+    assert_eq!(empty.code, Some(0), "{:?}", empty.stderr);
     let v: Value = serde_json::from_str(empty.stdout.trim()).expect("status --json is JSON");
     assert_eq!(v["pending"], 0);
     assert_eq!(v["oldest_due_seconds"].as_f64(), Some(0.0));
@@ -343,7 +266,7 @@ async fn status_json_has_the_contract_shape_and_counts() {
             "--payload",
             payload,
         ]));
-        assert_eq!(out.code, 0, "{key}: {:?}", out.stderr);
+        assert_eq!(out.code, Some(0), "{key}: {:?}", out.stderr);
     }
     // A message not yet due does not count towards the oldest due age.
     let out = run(outboxd(Some(&url)).args([
@@ -357,7 +280,7 @@ async fn status_json_has_the_contract_shape_and_counts() {
         "--run-after",
         "2099-01-01T00:00:00Z",
     ]));
-    assert_eq!(out.code, 0, "{:?}", out.stderr);
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
     let c = db.client().await;
     c.batch_execute(
         "UPDATE outbox.messages SET state = 'delivered', delivered_at = now() WHERE message_key = 'w2'; \
@@ -372,7 +295,7 @@ async fn status_json_has_the_contract_shape_and_counts() {
     .unwrap();
 
     let out = run(outboxd(Some(&url)).args(["status", "--json"]));
-    assert_eq!(out.code, 0, "{:?}", out.stderr);
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
     let v: Value = serde_json::from_str(out.stdout.trim()).expect("status --json is JSON");
     assert_eq!(v["pending"], 3, "{v}"); // w1, e1, later
     assert_eq!(v["running"], 1, "{v}");
@@ -396,7 +319,7 @@ async fn status_json_has_the_contract_shape_and_counts() {
     }
 
     let plain = run(outboxd(Some(&url)).arg("status"));
-    assert_eq!(plain.code, 0, "{:?}", plain.stderr);
+    assert_eq!(plain.code, Some(0), "{:?}", plain.stderr);
     assert!(plain.stdout.contains("pending"), "{}", plain.stdout);
     assert!(plain.stdout.contains("webhook"), "{}", plain.stdout);
 }
@@ -548,7 +471,7 @@ fn a_missing_database_url_is_a_usage_error() {
 #[test]
 fn an_unreachable_database_is_a_runtime_failure() {
     let out = run(outboxd(Some(UNREACHABLE_URL)).arg("status"));
-    assert_eq!(out.code, 1, "{:?}", out.stderr);
+    assert_eq!(out.code, Some(1), "{:?}", out.stderr);
     assert_eq!(out.stderr_lines().len(), 1, "{:?}", out.stderr);
     assert!(!out.stderr.contains("panicked"));
 }

@@ -11,69 +11,8 @@
 
 mod common;
 
-use std::io::Read as _;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
+use common::binary::{Output, UNREACHABLE_URL, outboxd, run};
 use common::*;
-
-/// Nothing listens on port 1.
-const UNREACHABLE_URL: &str = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
-
-/// The binary with a clean environment (PATH only) and the given database URL.
-fn outboxd(database_url: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATABASE_URL", database_url);
-    cmd
-}
-
-struct Output {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs the command to its end, within 20 s (killed and failed after that).
-fn run(cmd: &mut Command) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn outboxd");
-    // Read both pipes on threads so a chatty child cannot block on a full pipe.
-    let mut out_pipe = child.stdout.take().unwrap();
-    let mut err_pipe = child.stderr.take().unwrap();
-    let out_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out_pipe.read_to_string(&mut s);
-        s
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err_pipe.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("outboxd {cmd:?} did not exit within 20s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Output {
-        code: status.code(),
-        stdout: out_t.join().unwrap(),
-        stderr: err_t.join().unwrap(),
-    }
-}
 
 /// Exit `code`, exactly one non-empty stderr line, no panic or backtrace; returns the line.
 fn assert_one_line_exit(what: &str, out: &Output, code: i32) -> String {
@@ -107,7 +46,7 @@ type Case = (&'static str, Vec<&'static str>, &'static str);
 fn assert_usage_errors(url: &str, cases: &[Case]) {
     let mut failures = Vec::new();
     for (what, args, mention) in cases {
-        let out = run(outboxd(url).args(args));
+        let out = run(outboxd(Some(url)).args(args));
         let result = std::panic::catch_unwind(|| {
             let line = assert_one_line_exit(what, &out, 2);
             assert!(
@@ -589,7 +528,7 @@ fn bad_environment_values_exit_2_with_one_line() {
     ];
     let mut failures = Vec::new();
     for (var, value, sub, extra, mention) in &cases {
-        let out = run(outboxd(UNREACHABLE_URL)
+        let out = run(outboxd(Some(UNREACHABLE_URL))
             .env(var, value)
             .arg(sub)
             .args(extra));
@@ -618,7 +557,7 @@ fn a_malformed_database_url_exits_2_for_every_command_that_connects() {
         "postgres://[::1/db",
     ] {
         for args in connecting_commands() {
-            let out = run(outboxd(url).args(&args));
+            let out = run(outboxd(Some(url)).args(&args));
             let line = assert_one_line_exit(&format!("{url} {args:?}"), &out, 2);
             assert!(line.contains("DATABASE_URL"), "{url} {args:?}: {line}");
         }
@@ -653,7 +592,7 @@ fn connecting_commands() -> Vec<Vec<&'static str>> {
 #[test]
 fn an_unreachable_database_exits_1_for_every_command_that_connects() {
     for args in connecting_commands() {
-        let out = run(outboxd(UNREACHABLE_URL).args(&args));
+        let out = run(outboxd(Some(UNREACHABLE_URL)).args(&args));
         let line = assert_one_line_exit(&format!("{args:?}"), &out, 1);
         assert!(
             line.contains("database") || line.contains("connect"),
@@ -805,7 +744,7 @@ async fn enqueue_input_refused_by_the_database_exits_2_and_inserts_nothing() {
 #[tokio::test]
 async fn a_nul_escape_in_the_payload_exits_2_naming_the_payload() {
     let db = TestDb::new().await;
-    let out = run(outboxd(&db.url()).args([
+    let out = run(outboxd(Some(&db.url())).args([
         "enqueue",
         "--key",
         "k",

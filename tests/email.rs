@@ -6,9 +6,9 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::binary::{outboxd, run_within};
 use common::smtp::{Answer, FakeSmtp, Plan, Sink, closed_port, reply};
 use common::*;
 use outboxd::config::{EmailConfig, SmtpUrl, WorkerConfig};
@@ -839,53 +839,6 @@ async fn credentials_are_percent_decoded_and_a_refused_login_is_transient() {
 // The binary
 // ---------------------------------------------------------------------------------------
 
-/// The binary with a clean environment.
-fn outboxd() -> std::process::Command {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("OUTBOXD_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env_remove("RUST_LOG").env_remove("DATABASE_URL");
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
-}
-
-/// Runs to the end within `limit`; (exit code, stdout, stderr).
-fn run_to_end(cmd: &mut std::process::Command, limit: Duration) -> (i32, String, String) {
-    let mut child = cmd.spawn().unwrap();
-    // Drain both pipes while it runs: a child blocked on a full pipe never exits.
-    let drain = |mut r: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().unwrap()));
-    let err = drain(Box::new(child.stderr.take().unwrap()));
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("outboxd did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (
-        status.code().unwrap_or(-1),
-        out.join().unwrap(),
-        err.join().unwrap(),
-    )
-}
-
 #[test]
 fn bad_email_settings_exit_2_with_one_line_and_no_password() {
     let unreachable = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
@@ -925,11 +878,12 @@ fn bad_email_settings_exit_2_with_one_line_and_no_password() {
         ),
     ];
     for (env, args, mention) in cases {
-        let mut cmd = outboxd();
+        let mut cmd = outboxd(None);
         cmd.env("DATABASE_URL", unreachable)
             .envs(env.iter().copied())
             .args(args);
-        let (code, _, err) = run_to_end(&mut cmd, Duration::from_secs(20));
+        let out = run_within(&mut cmd, Duration::from_secs(20));
+        let (code, err) = (out.code.unwrap_or(-1), out.stderr);
         let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
         assert_eq!(code, 2, "{args:?} {env:?}: {err}");
         assert_eq!(lines.len(), 1, "{args:?}: {err}");
@@ -1044,7 +998,7 @@ async fn the_daemon_sends_email_when_an_smtp_url_is_set_and_logs_no_secrets() {
     let url = format!("smtp://user:hunter2@{}?tls=none", fake.addr);
     let db_url = db.url();
     let (code, _, err) = tokio::task::spawn_blocking(move || {
-        let mut cmd = outboxd();
+        let mut cmd = outboxd(None);
         // No --channels: the default includes email because OUTBOXD_SMTP_URL is set.
         cmd.env("DATABASE_URL", db_url)
             .env("OUTBOXD_SMTP_URL", url)
@@ -1058,7 +1012,8 @@ async fn the_daemon_sends_email_when_an_smtp_url_is_set_and_logs_no_secrets() {
                 "--smtp-timeout",
                 "5s",
             ]);
-        run_to_end(&mut cmd, Duration::from_secs(60))
+        let out = run_within(&mut cmd, Duration::from_secs(60));
+        (out.code.unwrap_or(-1), out.stdout, out.stderr)
     })
     .await
     .unwrap();

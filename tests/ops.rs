@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::receiver::{Receiver, Reply};
@@ -43,18 +42,8 @@ async fn deliver_old(db: &TestDb, key: &str, age: &str) {
 }
 
 fn cli(db: &TestDb, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_outboxd"))
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATABASE_URL", db.url())
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let out = common::binary::run(common::binary::outboxd(Some(&db.url())).args(args));
+    (out.code.unwrap_or(-1), out.stdout, out.stderr)
 }
 
 #[tokio::test]

@@ -11,10 +11,9 @@
 
 mod common;
 
-use std::io::Read as _;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::binary::{Output, outboxd, run_within};
 use common::receiver::{Receiver, Reply};
 use common::*;
 use serde_json::{Value, json};
@@ -103,62 +102,20 @@ fn secret_payload(base: &str, name: &str) -> Value {
     })
 }
 
-struct Finished {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
 /// Runs the binary to its end (bounded), with a clean environment plus `envs`.
-fn run_binary(args: &[&str], envs: &[(&str, String)], timeout: Duration) -> Finished {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
-    cmd.args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+fn run_binary(args: &[&str], envs: &[(&str, String)], timeout: Duration) -> Output {
+    let mut cmd = outboxd(None);
+    cmd.args(args);
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let stderr = err_t.join().unwrap();
-            let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
-            panic!("outboxd {args:?} did not exit within {timeout:?}; stderr tail: {tail:#?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Finished {
-        code: status.code(),
-        stdout: out_t.join().unwrap(),
-        stderr: err_t.join().unwrap(),
-    }
+    run_within(&mut cmd, timeout)
 }
 
 /// What one run over every failure path left behind.
 struct Scenario {
     db: TestDb,
-    outputs: Vec<(String, Finished)>,
+    outputs: Vec<(String, Output)>,
 }
 
 /// Enqueues one message per failure path (one of them through `outboxd enqueue`), runs

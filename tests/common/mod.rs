@@ -6,6 +6,7 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod binary;
 pub mod cluster;
 pub mod faulty;
 pub mod receiver;
