@@ -113,13 +113,7 @@ async fn a_stale_worker_changes_nothing() {
         .unwrap()
         .claimed;
     assert_eq!(old.len(), 1);
-    wait_until(Duration::from_secs(5), "the lease to expire", || async {
-        let expired: bool = db
-            .scalar("SELECT lease_expires_at < now() FROM outbox.messages")
-            .await;
-        expired
-    })
-    .await;
+    wait_for_leases_to_expire(&db).await;
     // Another worker takes over and delivers.
     let new = claim::claim(&c, WEBHOOK, 1, "w-new", Duration::from_secs(60))
         .await
@@ -268,6 +262,17 @@ async fn completion_sql_agrees_with_the_state_machine() {
     }
 }
 
+/// Waits until no running message holds a live lease.
+async fn wait_for_leases_to_expire(db: &TestDb) {
+    wait_until(Duration::from_secs(5), "the leases to expire", || async {
+        let live: i64 = db
+            .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'running' AND lease_expires_at > now()")
+            .await;
+        live == 0
+    })
+    .await;
+}
+
 /// Claims with a short lease and lets it expire, as a worker that died would.
 async fn claim_and_abandon(db: &TestDb, n: usize) {
     let c = db.client().await;
@@ -275,12 +280,7 @@ async fn claim_and_abandon(db: &TestDb, n: usize) {
         .await
         .unwrap();
     assert_eq!(got.claimed.len(), n);
-    wait_until(Duration::from_secs(5), "the leases to expire", || async {
-        let live: i64 =
-            db.scalar("SELECT count(*) FROM outbox.messages WHERE state = 'running' AND lease_expires_at > now()").await;
-        live == 0
-    })
-    .await;
+    wait_for_leases_to_expire(&db).await;
 }
 
 #[tokio::test]
@@ -489,13 +489,7 @@ async fn claims_take_expired_leases_and_due_rows_in_run_after_order() {
         .claimed;
     assert_eq!(first[0].key, "order:expired");
     enqueue_due_ago(&db, "order:older", Duration::from_secs(7200)).await;
-    wait_until(Duration::from_secs(5), "the lease to expire", || async {
-        let live: i64 = db
-            .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'running' AND lease_expires_at > now()")
-            .await;
-        live == 0
-    })
-    .await;
+    wait_for_leases_to_expire(&db).await;
     let next = claim::claim(&c, WEBHOOK, 1, "w2", Duration::from_secs(60))
         .await
         .unwrap()
@@ -528,13 +522,7 @@ async fn a_stale_and_a_current_completion_in_one_batch() {
         .await
         .unwrap()
         .claimed;
-    wait_until(Duration::from_secs(5), "the lease to expire", || async {
-        let expired: bool = db
-            .scalar("SELECT lease_expires_at < now() FROM outbox.messages")
-            .await;
-        expired
-    })
-    .await;
+    wait_for_leases_to_expire(&db).await;
     let new = claim::claim(&c, WEBHOOK, 1, "w", Duration::from_secs(60))
         .await
         .unwrap()
