@@ -280,7 +280,7 @@ async fn claim_and_abandon(db: &TestDb, n: usize) {
         .await
         .unwrap();
     assert_eq!(got.claimed.len(), n);
-    wait_for_leases_to_expire(&db).await;
+    wait_for_leases_to_expire(db).await;
 }
 
 #[tokio::test]
