@@ -569,17 +569,10 @@ async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> {
         out_part!(" {:>10}", c);
     }
     out!();
-    type Column = fn(&crate::status::Counts) -> i64;
-    let rows: [(&str, Column); 4] = [
-        ("pending", |c| c.pending),
-        ("running", |c| c.running),
-        ("delivered", |c| c.delivered),
-        ("dead", |c| c.dead),
-    ];
-    for (name, get) in rows {
-        out_part!("{name:<10} {:>10}", get(&st.total));
+    for state in crate::state::State::ALL {
+        out_part!("{:<10} {:>10}", state.as_str(), st.total.get(state));
         for c in &channels {
-            out_part!(" {:>10}", st.by_channel.get(*c).map(get).unwrap_or(0));
+            out_part!(" {:>10}", st.by_channel.get(*c).map_or(0, |n| n.get(state)));
         }
         out!();
     }

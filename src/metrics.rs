@@ -130,13 +130,7 @@ async fn metrics_route(State(st): State<AppState>) -> impl IntoResponse {
     match status {
         Ok(Ok(s)) => {
             for state in MessageState::ALL {
-                let n = match state {
-                    MessageState::Pending => s.total.pending,
-                    MessageState::Running => s.total.running,
-                    MessageState::Delivered => s.total.delivered,
-                    MessageState::Dead => s.total.dead,
-                };
-                metrics::gauge!(MESSAGES, "state" => state.as_str()).set(n as f64);
+                metrics::gauge!(MESSAGES, "state" => state.as_str()).set(s.total.get(state) as f64);
             }
             metrics::gauge!(OLDEST_DUE).set(s.oldest_due_seconds);
         }

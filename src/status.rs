@@ -22,6 +22,16 @@ pub struct Counts {
 }
 
 impl Counts {
+    /// The count of one state.
+    pub fn get(&self, state: State) -> i64 {
+        match state {
+            State::Pending => self.pending,
+            State::Running => self.running,
+            State::Delivered => self.delivered,
+            State::Dead => self.dead,
+        }
+    }
+
     fn add(&mut self, state: State, n: i64) {
         match state {
             State::Pending => self.pending += n,
