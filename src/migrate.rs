@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "enqueue_many_set_based",
         sql: include_str!("../sql/0003_enqueue_many_set_based.sql"),
     },
+    Migration {
+        version: 4,
+        name: "attempts_without_foreign_key",
+        sql: include_str!("../sql/0004_attempts_without_foreign_key.sql"),
+    },
 ];
 
 /// Why migrating failed.

@@ -5,12 +5,20 @@
 //! take their statements from here), and each one is exercised against a real database by
 //! the integration tests.
 
-/// Run once on every pooled connection (the worker's claims and completions): JIT off.
-/// PostgreSQL compiles a statement with LLVM when its estimated cost passes `jit_above_cost`;
-/// on a table holding millions of rows the claim's estimate does, and compiling it took
-/// tens of milliseconds on every execution, twenty times the claim itself. Short statements
-/// that touch a few dozen rows never gain from JIT.
-pub const SESSION_SETUP: &str = "SET jit = off";
+/// Run once on every pooled connection (the worker's claims and completions).
+///
+/// JIT off: PostgreSQL compiles a statement with LLVM when its estimated cost passes
+/// `jit_above_cost`; on a table holding millions of rows the claim's estimate does, and
+/// compiling it took tens of milliseconds on every execution, twenty times the claim itself.
+/// Short statements that touch a few dozen rows never gain from JIT.
+///
+/// Generic plans: the claim and the completion are prepared once per connection, but
+/// PostgreSQL kept planning them afresh on every execution (a custom plan for each set of
+/// array parameters, never cheaper than the generic one, yet its estimate for the generic
+/// plan never won): about a millisecond of planning per statement on the benchmark
+/// machine, as much as executing a batch of 30 rows. Their generic plans are the same
+/// index scans (`bench/RESULTS.md` shows them), so the worker asks for those.
+pub const SESSION_SETUP: &str = "SET jit = off; SET plan_cache_mode = force_generic_plan";
 
 /// Claim: lease up to `$2` due messages of the channels `$1` for worker `$3`, for `$4`
 /// seconds, in one short committed statement.
@@ -114,20 +122,27 @@ RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts
 /// with outcome `lease_lost`, so the history shows what the stale worker saw. Returns
 /// `message_id, outcome` for every attempt row written.
 ///
-/// Shape: the arrays are unnested straight into the `UPDATE` and into the `INSERT`. The
-/// `UPDATE` reads the rows through `id = ANY($1)`, a probe of the primary key per element.
-/// The fence is the token alone: a token is set exactly while the row is `running` (the
-/// `messages_lease_iff_running` constraint), so it implies `state = 'running'`, and not
-/// writing that condition keeps the planner off the partial lease index, which it would
-/// otherwise read whole; until vacuum that index still holds an entry for every row
-/// claimed since, so a completion would cost time proportional to the work done before it. The ids the `UPDATE` changed
-/// come back as one array, so a changed row needs no second lookup, and only a row whose
-/// lease was lost is checked for existence (it may have been purged since; the attempt row
-/// would then have nothing to refer to).
-/// `OFFSET 0` keeps that check a probe of the primary key per row: without it the planner
-/// may turn the `EXISTS` into a hashed subplan, which reads the whole index.
+/// Shape: the arrays are unnested once, with each element's position. The `UPDATE` reads
+/// the rows through `id = ANY($1)`, a probe of the primary key per element, and returns the
+/// positions it applied; the `INSERT` joins on those positions, so a batch holding a stale
+/// and a current completion of one message records the stale one as `lease_lost`, in time
+/// linear in the batch. The fence is the token alone: a token is set exactly while the row
+/// is `running` (the `messages_lease_iff_running` constraint), so it implies
+/// `state = 'running'`, and not writing that condition keeps the planner off the partial
+/// lease index, which it would otherwise read whole; until vacuum that index still holds an
+/// entry for every row claimed since, so a completion would cost time proportional to the
+/// work done before it. Only a row whose lease was lost is checked for existence (it may
+/// have been purged since; its attempt row would then have nothing to refer to). `OFFSET 0`
+/// keeps that check a probe of the primary key per row: without it the planner may turn
+/// the `EXISTS` into a hashed subplan, which reads the whole index.
 pub const COMPLETE: &str = r#"
-WITH done AS (
+WITH i AS (
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
+                         $6::text[], $7::jsonb[], $8::int[], $9::text[], $10::int[],
+                         $11::bool[], $12::timestamptz[]) WITH ORDINALITY
+        AS i(id, token, state, delay, error_class, error, response, attempt, outcome, status,
+             deduplicated, started_at, pos)
+), done AS (
     UPDATE outbox.messages m SET
         state            = i.state,
         run_after        = CASE WHEN i.state = 'pending'
@@ -142,29 +157,18 @@ WITH done AS (
         delivered_at     = CASE WHEN i.state = 'delivered' THEN now() END,
         dead_at          = CASE WHEN i.state = 'dead' THEN now() END,
         updated_at       = now()
-    FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[], $6::text[],
-                $7::jsonb[]) AS i(id, token, state, delay, error_class, error, response)
+    FROM i
     WHERE m.id = ANY($1::bigint[]) AND m.id = i.id AND m.lease_token = i.token
-    RETURNING m.id, i.token
-), done_ids AS (
-    -- (id, token) pairs: a batch holding a stale and a current completion of one message
-    -- records the stale one as lease_lost.
-    SELECT coalesce(array_agg(id), '{}') AS ids,
-           coalesce(array_agg(id::text || '/' || token::text), '{}') AS pairs
-    FROM done
+    RETURNING i.pos
 )
 INSERT INTO outbox.attempts
     (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error, status,
      deduplicated)
 SELECT i.id, i.attempt, $13::text, i.started_at, now(),
-       CASE WHEN (i.id::text || '/' || i.token::text) = ANY(d.pairs) THEN i.outcome
-            ELSE 'lease_lost' END,
+       CASE WHEN d.pos IS NOT NULL THEN i.outcome ELSE 'lease_lost' END,
        i.error_class, i.error, i.status, i.deduplicated
-FROM unnest($1::bigint[], $2::uuid[], $5::text[], $6::text[], $8::int[], $9::text[],
-            $10::int[], $11::bool[], $12::timestamptz[])
-         AS i(id, token, error_class, error, attempt, outcome, status, deduplicated, started_at),
-     done_ids d
-WHERE i.id = ANY(d.ids)
+FROM i LEFT JOIN done d ON d.pos = i.pos
+WHERE d.pos IS NOT NULL
    OR EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = i.id OFFSET 0)
 RETURNING message_id, outcome
 "#;

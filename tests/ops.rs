@@ -387,3 +387,79 @@ async fn the_daemon_purges_delivered_rows_past_retention() {
     task.await.unwrap();
     assert_eq!(row(&db, "ret:new").await.state, "delivered");
 }
+
+/// Deleting a message deletes its history (sql/0004: triggers, where a foreign key was).
+#[tokio::test]
+async fn a_message_history_goes_with_it() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "INSERT INTO outbox.messages (message_key, channel, payload) \
+         SELECT k, 'webhook', '{\"url\": \"https://example.com/h\"}' \
+         FROM unnest(ARRAY['h:1', 'h:2', 'h:3', 'h:keep']) k",
+    )
+    .await
+    .unwrap();
+    c.batch_execute(
+        "INSERT INTO outbox.attempts (message_id, attempt, worker, started_at, finished_at, outcome) \
+         SELECT id, 1, 'w', now(), now(), 'retry' FROM outbox.messages",
+    )
+    .await
+    .unwrap();
+    let history = |key: &'static str| {
+        let db = &db;
+        async move {
+            db.client()
+                .await
+                .query_one(
+                    "SELECT count(*) FROM outbox.attempts a \
+                     WHERE a.message_id = (SELECT id FROM outbox.messages WHERE message_key = $1) \
+                        OR NOT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = a.message_id)",
+                    &[&key],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    assert_eq!(history("h:1").await, 1);
+
+    // A plain DELETE.
+    c.execute("DELETE FROM outbox.messages WHERE message_key = 'h:1'", &[])
+        .await
+        .unwrap();
+    assert_eq!(history("h:1").await, 0, "no orphaned history");
+
+    // outbox.purge.
+    c.batch_execute(
+        "UPDATE outbox.messages SET state = 'delivered', attempts = 1, \
+         delivered_at = now() - interval '3 days' WHERE message_key = 'h:2'",
+    )
+    .await
+    .unwrap();
+    let purged: i64 = c
+        .query_one("SELECT outbox.purge(interval '2 days')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(purged, 1);
+    assert_eq!(history("h:2").await, 0, "no orphaned history");
+    assert_eq!(history("h:keep").await, 1, "other histories stay");
+
+    // TRUNCATE of the messages alone, and of both together.
+    c.batch_execute("TRUNCATE outbox.messages").await.unwrap();
+    assert_eq!(
+        db.scalar::<i64>("SELECT count(*) FROM outbox.attempts")
+            .await,
+        0
+    );
+    enqueue_webhook(&db, "h:4", "https://example.com/h", 3, true).await;
+    c.batch_execute("TRUNCATE outbox.attempts, outbox.messages")
+        .await
+        .unwrap();
+    assert_eq!(
+        db.scalar::<i64>("SELECT count(*) FROM outbox.messages")
+            .await,
+        0
+    );
+}

@@ -213,9 +213,29 @@ async fn the_worker_role_runs_the_daemon_and_the_operator_commands() {
         1
     );
     wait_for_count(&c, "delivered", 2, Duration::from_secs(10)).await;
-    outboxd::ops::purge(&wc, Duration::from_secs(86_400), true, 100, |_| {})
+    // Purging takes the history along, though the role may not delete history rows itself.
+    c.batch_execute(
+        "UPDATE outbox.messages SET delivered_at = now() - interval '3 days' WHERE message_key = 'w:1'",
+    )
+    .await
+    .unwrap();
+    let purged = outboxd::ops::purge(&wc, Duration::from_secs(86_400), true, 100, |_| {})
         .await
         .unwrap();
+    assert_eq!(purged, 1);
+    let orphans: i64 = db
+        .scalar(
+            "SELECT count(*) FROM outbox.attempts a \
+             WHERE NOT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = a.message_id)",
+        )
+        .await;
+    assert_eq!(orphans, 0);
+    assert!(
+        wc.batch_execute("DELETE FROM outbox.attempts")
+            .await
+            .is_err(),
+        "the worker role may not delete history directly"
+    );
     outboxd::status::status(&wc).await.unwrap();
     let _ = tx.send(());
     let summary = run.await.unwrap().unwrap();

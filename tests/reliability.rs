@@ -371,7 +371,7 @@ async fn terminated_database_connections_lose_nothing() {
     };
     while (claims_killed < 5 || completions_killed < 5) && t0.elapsed() < Duration::from_secs(20) {
         claims_killed += kill("%WITH expired AS%").await;
-        completions_killed += kill("%WITH done AS%").await;
+        completions_killed += kill("%), done AS (%").await;
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let terminated = claims_killed + completions_killed;
