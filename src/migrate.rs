@@ -55,6 +55,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "attempts_without_foreign_key",
         sql: include_str!("../sql/0004_attempts_without_foreign_key.sql"),
     },
+    Migration {
+        version: 5,
+        name: "wakeups_for_idle_workers",
+        sql: include_str!("../sql/0005_wakeups_for_idle_workers.sql"),
+    },
 ];
 
 /// Why migrating failed.

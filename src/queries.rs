@@ -209,6 +209,26 @@ SELECT (SELECT id FROM outbox.messages
         ORDER BY lease_expires_at LIMIT 1) IS NOT NULL
 "#;
 
+/// Wake-ups: take the idle mark (advisory lock `(1869968482, 2)`, share mode, held by the
+/// session) without waiting. While a worker holds it, enqueueing transactions notify (see
+/// `sql/0005_wakeups_for_idle_workers.sql`). False when it is held exclusively: an
+/// enqueuer probing it this instant, or one interrupted while probing, which then notifies
+/// anyway; try again.
+pub const IDLE_MARK: &str = "SELECT pg_try_advisory_lock_shared(1869968482, 2)";
+
+/// Wake-ups: pass the gate (advisory lock `(1869968482, 1)`): wait until no transaction that
+/// decided not to notify is still open, then let go at once. Bounded by the `lock_timeout`
+/// of [`LISTEN_SETUP`], so that a long application transaction does not keep the LISTEN
+/// connection (and the notifications it delivers) busy; the caller tries again.
+pub const IDLE_GATE: &str =
+    "SELECT pg_advisory_lock(1869968482, 1); SELECT pg_advisory_unlock(1869968482, 1)";
+
+/// Wake-ups: give the idle mark back (the worker is busy; enqueuers stop notifying).
+pub const IDLE_UNMARK: &str = "SELECT pg_advisory_unlock_shared(1869968482, 2)";
+
+/// Run once on the LISTEN connection: subscribe, and bound [`IDLE_GATE`]'s wait.
+pub const LISTEN_SETUP: &str = "SET lock_timeout = '20ms'; LISTEN outbox_messages";
+
 /// Status: message counts by channel and state.
 pub const STATUS_COUNTS: &str = r#"
 SELECT channel, state, count(*)::bigint AS n

@@ -24,14 +24,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use deadpool_postgres::Pool;
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
+use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::claim::{self, Claimed, Completion};
 use crate::config::WorkerConfig;
 use crate::deliver::{Channel, Deliverers, Outgoing};
+use crate::queries;
 use crate::retry::ErrorClass;
 use crate::state::{AttemptOutcome, Budget, decide};
 
@@ -134,9 +136,12 @@ impl Worker {
         let (done_tx, done_rx) = mpsc::channel::<Done>(cfg.concurrency.max(16) * 2);
         let hard_stop = CancellationToken::new();
         let completer = tokio::spawn(completer(shared.clone(), done_rx, hard_stop.clone()));
+        // Whether the loop is idle (its last claim came back short): the listener then holds
+        // the idle mark, so that enqueueing transactions notify.
+        let (idle_tx, idle_rx) = watch::channel(false);
         let listener = self
             .listen
-            .map(|pg| tokio::spawn(listen(pg, shared.clone())));
+            .map(|pg| tokio::spawn(listen(pg, shared.clone(), idle_rx)));
 
         let slots = Arc::new(Semaphore::new(cfg.concurrency));
         // Rows claimed ahead of free slots: each waits in its task for a slot, so a slot
@@ -245,6 +250,11 @@ impl Worker {
                 });
             }
             backlog = picked == want;
+            idle_tx.send_if_modified(|idle| {
+                let changed = *idle == backlog;
+                *idle = !backlog;
+                changed
+            });
             if backlog {
                 continue;
             }
@@ -561,10 +571,16 @@ fn log_attempts(
     }
 }
 
-/// Keeps a LISTEN connection open and turns notifications into wake-ups. A burst of
-/// notifications is one wake-up (Notify holds at most one permit). After every (re)connect
-/// it wakes the loop once, in case something was committed while it was not listening.
-async fn listen(pg: tokio_postgres::Config, shared: Arc<Shared>) {
+/// Keeps a LISTEN connection open, turns notifications into wake-ups, and holds the idle
+/// mark while the claim loop is idle. A burst of notifications is one wake-up (Notify holds
+/// at most one permit). After every (re)connect it wakes the loop once, in case something
+/// was committed while it was not listening.
+///
+/// Enqueueing transactions notify only while some worker holds the idle mark (the protocol
+/// and why it loses no wake-up are in `sql/0005_wakeups_for_idle_workers.sql`): a busy
+/// worker claims again whenever a slot frees and needs no notification, and notifying
+/// transactions cannot share a WAL flush at commit.
+async fn listen(pg: tokio_postgres::Config, shared: Arc<Shared>, mut idle: watch::Receiver<bool>) {
     let mut backoff = Backoff::new();
     loop {
         match pg.connect(tokio_postgres::NoTls).await {
@@ -584,13 +600,13 @@ async fn listen(pg: tokio_postgres::Config, shared: Arc<Shared>) {
                         }
                     }
                 });
-                match client.batch_execute("LISTEN outbox_messages").await {
+                match client.batch_execute(queries::LISTEN_SETUP).await {
                     Ok(()) => {
                         backoff.reset();
                         tracing::debug!("listening for outbox_messages");
                         shared.wake.notify_one();
-                        while rx.recv().await.is_some() {
-                            shared.wake.notify_one();
+                        if let Err(e) = serve_wakeups(&client, &shared, &mut rx, &mut idle).await {
+                            tracing::warn!(error = %e, "LISTEN connection failed");
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "LISTEN failed"),
@@ -608,6 +624,80 @@ async fn listen(pg: tokio_postgres::Config, shared: Arc<Shared>) {
     }
 }
 
+/// Where a LISTEN connection stands with the idle mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    /// Not held: enqueuers do not notify on this worker's account.
+    None,
+    /// Held, but transactions that decided not to notify before it was taken may still be
+    /// open: the loop cannot yet rely on wake-ups.
+    Held,
+    /// Held and the gate passed: every later enqueue notifies, every earlier one is
+    /// visible to the claim this transition triggers.
+    Armed,
+}
+
+/// Serves one LISTEN connection until it fails or the worker goes away.
+async fn serve_wakeups(
+    client: &tokio_postgres::Client,
+    shared: &Shared,
+    notifications: &mut mpsc::UnboundedReceiver<()>,
+    idle: &mut watch::Receiver<bool>,
+) -> Result<(), tokio_postgres::Error> {
+    let mut mark = Mark::None;
+    let mut retry = Backoff::quick();
+    loop {
+        let want = *idle.borrow_and_update();
+        let moved = match (want, mark) {
+            (true, Mark::None) => take_idle_mark(client).await?.then_some(Mark::Held),
+            (true, Mark::Held) => match client.batch_execute(queries::IDLE_GATE).await {
+                Ok(()) => {
+                    retry.reset();
+                    // The claim that sees whatever was enqueued without a notification.
+                    shared.wake.notify_one();
+                    Some(Mark::Armed)
+                }
+                // lock_timeout: an enqueueing transaction is still open; try again.
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => None,
+                Err(e) => return Err(e),
+            },
+            (false, Mark::Held | Mark::Armed) => {
+                client.batch_execute(queries::IDLE_UNMARK).await?;
+                Some(Mark::None)
+            }
+            _ => None,
+        };
+        if let Some(next) = moved {
+            mark = next;
+            continue;
+        }
+        // Not where the loop wants to be yet: try again shortly. Until the mark is armed
+        // the loop still polls, so a slow gate delays wake-ups, never loses them.
+        let retry_in = (want && mark != Mark::Armed).then(|| retry.next());
+        tokio::select! {
+            n = notifications.recv() => match n {
+                Some(()) => shared.wake.notify_one(),
+                None => return Ok(()),
+            },
+            changed = idle.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+            }
+            _ = tokio::time::sleep(retry_in.unwrap_or_default()), if retry_in.is_some() => {}
+        }
+    }
+}
+
+/// [`queries::IDLE_MARK`]: true when the mark is now held by this session.
+async fn take_idle_mark(client: &tokio_postgres::Client) -> Result<bool, tokio_postgres::Error> {
+    let messages = client.simple_query(queries::IDLE_MARK).await?;
+    Ok(messages.iter().any(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0) == Some("t"),
+        _ => false,
+    }))
+}
+
 /// Exponential back-off for the worker's own database retries: 100 ms doubling to 10 s,
 /// with jitter (backon's schedule).
 struct Backoff {
@@ -622,6 +712,20 @@ impl Backoff {
             .with_min_delay(Duration::from_millis(100))
             .with_max_delay(Duration::from_secs(10))
             .with_jitter()
+            .without_max_times();
+        Backoff {
+            iter: Some(builder.build()),
+            builder,
+        }
+    }
+
+    /// 1 ms doubling to 100 ms: retries on a healthy connection that wait for another
+    /// transaction, not for the database to come back.
+    fn quick() -> Self {
+        use backon::BackoffBuilder as _;
+        let builder = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(1))
+            .with_max_delay(Duration::from_millis(100))
             .without_max_times();
         Backoff {
             iter: Some(builder.build()),

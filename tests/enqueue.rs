@@ -14,8 +14,8 @@ use outboxd::migrate::{MIGRATIONS, MigrateError, migrate};
 use outboxd::{EnqueueError, Enqueued, NewMessage, enqueue, enqueue_many};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
@@ -1134,35 +1134,6 @@ async fn sql_enqueue_many() {
 // NOTIFY
 // ---------------------------------------------------------------------------------------
 
-/// A connection LISTENing on `outbox_messages`, its notifications (channel, payload)
-/// forwarded to a channel. The connection is driven by `poll_message`, which is what
-/// delivers asynchronous notifications.
-async fn listener(
-    db: &TestDb,
-) -> (
-    Client,
-    tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
-) {
-    let (client, mut conn) = db.pg.connect(NoTls).await.unwrap();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(msg) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
-            match msg {
-                Ok(AsyncMessage::Notification(n)) => {
-                    let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
-                }
-                Ok(_) => {}
-                Err(_) => break,
-            }
-        }
-    });
-    client
-        .batch_execute("LISTEN outbox_messages")
-        .await
-        .unwrap();
-    (client, rx)
-}
-
 async fn next_notification(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
 ) -> (String, String) {
@@ -1175,7 +1146,10 @@ async fn next_notification(
 #[tokio::test]
 async fn a_committed_enqueue_notifies_and_a_rolled_back_one_does_not() {
     let db = TestDb::new().await;
-    let (_listen, mut rx) = listener(&db).await;
+    let (listen, mut rx) = listener(&db).await;
+    // As an idle worker's LISTEN connection does (without it nobody is waiting, and
+    // enqueueing transactions do not notify: tests/wakeups.rs).
+    hold_idle_mark(&listen).await;
     let mut c = db.client().await;
 
     // Rolled back, from Rust and from SQL.

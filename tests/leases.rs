@@ -457,12 +457,12 @@ async fn a_notification_wakes_an_idle_worker() {
         ..test_worker_config("w")
     };
     let w = RunningWorker::start(&db, cfg, test_webhook_config());
-    wait_until(Duration::from_secs(10), "the worker to LISTEN", || async {
-        let n: i64 = db
-            .scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'")
-            .await;
-        n == 1
-    })
+    // Listening, and idle: its LISTEN connection holds the idle mark, so commits notify.
+    wait_until(
+        Duration::from_secs(10),
+        "the worker to LISTEN, idle",
+        || async { idle_marks(&db).await == 1 },
+    )
     .await;
     enqueue_webhook(&db, "wake:1", &rx.url("/h"), 3, true).await;
     wait_for_state(&db, "wake:1", "delivered", Duration::from_secs(10)).await;

@@ -21,7 +21,7 @@ use outboxd::config::{DestinationPolicy, EmailConfig, WebhookConfig, WorkerConfi
 use outboxd::deliver::{Deliverers, email::EmailSender, webhook::WebhookSender};
 use outboxd::retry::RetryPolicy;
 use outboxd::worker::{RunSummary, Worker};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 /// The server tests create their databases on.
 pub fn admin_url() -> String {
@@ -383,4 +383,54 @@ pub async fn wait_for_count(c: &Client, state: &str, n: i64, timeout: Duration) 
         got == n
     })
     .await;
+}
+
+/// A connection LISTENing on `outbox_messages`, its notifications (channel, payload)
+/// forwarded to a channel in commit order. The connection is driven by `poll_message`, which
+/// is what delivers asynchronous notifications. It does not hold the idle mark (sql/0005):
+/// enqueueing transactions notify only while some session does.
+pub async fn listener(
+    db: &TestDb,
+) -> (
+    Client,
+    tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+) {
+    let (client, mut conn) = db.pg.connect(NoTls).await.expect("connect to PostgreSQL");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(msg) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            match msg {
+                Ok(AsyncMessage::Notification(n)) => {
+                    let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    });
+    client
+        .batch_execute("LISTEN outbox_messages")
+        .await
+        .expect("LISTEN");
+    (client, rx)
+}
+
+/// Takes the idle mark of sql/0005 on `client`'s session, as an idle worker's LISTEN
+/// connection does: from then on, every enqueueing transaction notifies at commit.
+pub async fn hold_idle_mark(client: &Client) {
+    client
+        .batch_execute("SELECT pg_advisory_lock_shared(1869968482, 2)")
+        .await
+        .expect("take the idle mark");
+}
+
+/// How many sessions hold the idle mark of sql/0005: an idle worker's LISTEN connection takes
+/// it once it is listening and its claims come back short.
+pub async fn idle_marks(db: &TestDb) -> i64 {
+    db.scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+         AND classid = 1869968482 AND objid = 2 AND objsubid = 2 AND granted \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .await
 }

@@ -1,0 +1,213 @@
+//! Wake-ups (sql/0005): an enqueueing transaction notifies only while a worker is idle, and
+//! no wake-up is lost when a worker becomes idle while such a transaction is still open.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::receiver::{Receiver, Reply};
+use common::*;
+use tokio::sync::mpsc;
+
+/// The notifications that arrive before a sentinel sent now: PostgreSQL delivers
+/// notifications in commit order, so everything committed before it has arrived with it.
+async fn notifications_so_far(
+    db: &TestDb,
+    rx: &mut mpsc::UnboundedReceiver<(String, String)>,
+) -> Vec<String> {
+    db.client()
+        .await
+        .batch_execute("NOTIFY outbox_messages, 'sentinel'")
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    loop {
+        let (_, n) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the sentinel notification within 10s")
+            .expect("listener alive");
+        if n == "sentinel" {
+            return seen;
+        }
+        seen.push(n);
+    }
+}
+
+async fn insert_committed(db: &TestDb, key: &str) {
+    db.client()
+        .await
+        .execute(
+            "INSERT INTO outbox.messages (message_key, channel, payload) \
+             VALUES ($1, 'webhook', '{\"url\": \"https://example.com/h\"}')",
+            &[&key],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn enqueueing_notifies_only_while_a_worker_holds_the_idle_mark() {
+    let db = TestDb::new().await;
+    let (_l, mut rx) = listener(&db).await;
+
+    // No worker is idle: a plain INSERT and outbox.enqueue commit without a notification.
+    insert_committed(&db, "quiet:1").await;
+    enqueue_webhook(&db, "quiet:2", "https://example.com/h", 3, true).await;
+    assert_eq!(
+        notifications_so_far(&db, &mut rx).await,
+        Vec::<String>::new()
+    );
+
+    // A worker's LISTEN session holds the idle mark: each enqueueing transaction notifies.
+    let idle = db.client().await;
+    hold_idle_mark(&idle).await;
+    insert_committed(&db, "woken:1").await;
+    enqueue_webhook(&db, "woken:2", "https://example.com/h", 3, true).await;
+    assert_eq!(notifications_so_far(&db, &mut rx).await, ["", ""]);
+
+    // The mark goes with the session (a worker that dies stops asking).
+    drop(idle);
+    wait_until(
+        Duration::from_secs(10),
+        "the idle mark to be released",
+        || {
+            let db = &db;
+            async move { idle_marks(db).await == 0 }
+        },
+    )
+    .await;
+    insert_committed(&db, "quiet:3").await;
+    assert_eq!(
+        notifications_so_far(&db, &mut rx).await,
+        Vec::<String>::new()
+    );
+
+    // A worker waiting at the gate makes every enqueuer notify, without waiting itself.
+    let gate = db.client().await;
+    let app = db.client().await;
+    app.batch_execute("BEGIN").await.unwrap();
+    app.execute(
+        "SELECT outbox.enqueue('gated:1', 'webhook', '{\"url\": \"https://example.com/h\"}')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let waiting = tokio::spawn(async move {
+        gate.batch_execute(
+            "SELECT pg_advisory_lock(1869968482, 1); SELECT pg_advisory_unlock(1869968482, 1)",
+        )
+        .await
+        .unwrap();
+    });
+    wait_until(Duration::from_secs(10), "the gate to have a waiter", || {
+        let db = &db;
+        async move {
+            db.scalar::<i64>(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                 AND classid = 1869968482 AND objid = 1 AND NOT granted",
+            )
+            .await
+                == 1
+        }
+    })
+    .await;
+    tokio::time::timeout(Duration::from_secs(10), insert_committed(&db, "gated:2"))
+        .await
+        .expect("an enqueuer never waits for the gate");
+    app.batch_execute("COMMIT").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the gate opens once the open enqueuer commits")
+        .unwrap();
+    assert_eq!(
+        notifications_so_far(&db, &mut rx).await,
+        [""],
+        "the enqueuer that met a waiting gate notified; the one that passed it earlier did not"
+    );
+}
+
+/// The race the gate closes: a transaction enqueues while the worker is busy (so it does not
+/// notify), the worker then runs out of work and goes to sleep, and only then does the
+/// transaction commit. Polling is an hour, so only the gate can get the message sent.
+#[tokio::test]
+async fn a_message_committed_after_the_worker_went_idle_is_still_sent_at_once() {
+    let db = TestDb::new().await;
+    let receiver = Receiver::start().await;
+    // The first delivery stalls: the worker stays busy meanwhile.
+    receiver.script([Reply::Stall(Duration::from_secs(3))]);
+    let mut cfg = test_worker_config("gate");
+    cfg.concurrency = 1;
+    cfg.poll_interval = Duration::from_secs(3600);
+    let mut webhook = test_webhook_config();
+    webhook.timeout = Duration::from_secs(30);
+    let worker = RunningWorker::start(&db, cfg, webhook);
+    wait_until(
+        Duration::from_secs(10),
+        "the idle worker to hold the mark",
+        || {
+            let db = &db;
+            async move { idle_marks(db).await == 1 }
+        },
+    )
+    .await;
+
+    // Two due messages fill the worker's claim (one slot, one claimed ahead): busy.
+    let c = db.client().await;
+    c.batch_execute("BEGIN").await.unwrap();
+    for key in ["busy:1", "busy:2"] {
+        let msg = outboxd::NewMessage::webhook(
+            key,
+            serde_json::json!({"url": receiver.url("/slow"), "body": {}}),
+        );
+        outboxd::enqueue(&c, &msg).await.unwrap();
+    }
+    c.batch_execute("COMMIT").await.unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the busy worker to give up the mark",
+        || {
+            let db = &db;
+            async move { idle_marks(db).await == 0 }
+        },
+    )
+    .await;
+
+    // Enqueued while nobody is idle: no notification is asked for.
+    let app = db.client().await;
+    app.batch_execute("BEGIN").await.unwrap();
+    let msg = outboxd::NewMessage::webhook(
+        "late",
+        serde_json::json!({"url": receiver.url("/late"), "body": {}}),
+    );
+    outboxd::enqueue(&app, &msg).await.unwrap();
+    assert_eq!(
+        idle_marks(&db).await,
+        0,
+        "still busy when the enqueue ran (the stall lasts 3 s)"
+    );
+
+    // The worker finishes, finds nothing (the transaction is open) and goes idle.
+    let ready = db.client().await;
+    wait_for_count(&ready, "delivered", 2, Duration::from_secs(20)).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the idle worker to hold the mark again",
+        || {
+            let db = &db;
+            async move { idle_marks(db).await == 1 }
+        },
+    )
+    .await;
+    assert!(
+        receiver.requests_for("late").is_empty(),
+        "nothing is sent while the enqueueing transaction is open"
+    );
+
+    app.batch_execute("COMMIT").await.unwrap();
+    let r = wait_for_state(&db, "late", "delivered", Duration::from_secs(10)).await;
+    assert_eq!(r.attempts, 1);
+    assert_eq!(receiver.requests_for("late").len(), 1);
+    worker.stop().await;
+}
