@@ -60,6 +60,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "wakeups_for_idle_workers",
         sql: include_str!("../sql/0005_wakeups_for_idle_workers.sql"),
     },
+    Migration {
+        version: 6,
+        name: "cheaper_enqueue",
+        sql: include_str!("../sql/0006_cheaper_enqueue.sql"),
+    },
 ];
 
 /// Why migrating failed.
