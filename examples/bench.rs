@@ -651,7 +651,40 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 async fn latency(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let rate = o.latency_rate;
     let total = rate * o.latency_secs;
-    println!("== latency: commit → first byte at the receiver, {rate} msg/s for {total} messages");
+    println!(
+        "== latency: commit → first byte at the receiver, {rate} msg/s for {total} messages, {} runs",
+        o.runs
+    );
+    // On a shared two-core machine one run's percentiles move by a factor of two with the
+    // neighbours: report the median run of several, and print every run.
+    let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
+    for _ in 0..o.runs {
+        let (p50, p99) = latency_run(o, rate, total).await?;
+        p50s.push(p50);
+        p99s.push(p99);
+    }
+    let (p50, p99) = (median(p50s), median(p99s));
+    rows.push(Row {
+        figure: format!(
+            "latency commit → first byte, p50 ({rate} msg/s, median of {} runs)",
+            o.runs
+        ),
+        result: format!("{p50:.2} ms"),
+        target: "< 5 ms".into(),
+    });
+    rows.push(Row {
+        figure: format!(
+            "latency commit → first byte, p99 ({rate} msg/s, median of {} runs)",
+            o.runs
+        ),
+        result: format!("{p99:.2} ms"),
+        target: "< 25 ms".into(),
+    });
+    Ok(())
+}
+
+/// One latency run on a fresh database and daemon; returns (p50, p99) in milliseconds.
+async fn latency_run(o: &Opts, rate: u64, total: u64) -> anyhow::Result<(f64, f64)> {
     let url = fresh_db(o, "bench_lat").await?;
     let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let addr = first_byte_receiver(seen.clone()).await?;
@@ -670,6 +703,7 @@ async fn latency(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
 
+    let steal = Steal::start();
     // Paced enqueuer: one single-message transaction per tick, on 4 connections in turn.
     let commits: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let mut clients = Vec::new();
@@ -703,6 +737,7 @@ async fn latency(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     while seen.lock().unwrap().len() < total as usize + 1 && t.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let stolen = steal.percent();
     daemon.stop().await?;
     let seen = seen.lock().unwrap();
     let commits = commits.lock().unwrap();
@@ -727,23 +762,12 @@ async fn latency(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         lat.last().copied().unwrap_or(f64::NAN),
     );
     println!(
-        "  {} of {total} received; p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms ({early} arrived before the client saw its commit)",
+        "  {} of {total} received; p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms ({early} arrived before the client saw its commit; steal {stolen:.0} %)",
         lat.len()
     );
-    rows.push(Row {
-        figure: format!("latency commit → first byte, p50 ({rate} msg/s)"),
-        result: format!("{p50:.2} ms"),
-        target: "< 5 ms".into(),
-    });
-    rows.push(Row {
-        figure: format!("latency commit → first byte, p99 ({rate} msg/s)"),
-        result: format!("{p99:.2} ms"),
-        target: "< 25 ms".into(),
-    });
-    Ok(())
+    Ok((p50, p99))
 }
 
-/// The claim with literal arguments, for EXPLAIN.
 /// `EXPLAIN (ANALYZE, BUFFERS)` of a 64-row claim, rolled back. Prepared and executed with
 /// parameters, as the worker runs it: under the session's `plan_cache_mode` (the worker's
 /// is `force_generic_plan`) this shows the plan the worker actually gets.
