@@ -5,20 +5,19 @@
 //! take their statements from here), and each one is exercised against a real database by
 //! the integration tests.
 
-/// Run once on every pooled connection (the worker's claims and completions).
+/// Run once on every pooled connection (the worker's claims and completions): JIT off.
+/// PostgreSQL compiles a statement with LLVM when its estimated cost passes `jit_above_cost`;
+/// on a table holding millions of rows the claim's estimate does, and compiling it took
+/// tens of milliseconds on every execution, twenty times the claim itself. Short statements
+/// that touch a few dozen rows never gain from JIT.
 ///
-/// JIT off: PostgreSQL compiles a statement with LLVM when its estimated cost passes
-/// `jit_above_cost`; on a table holding millions of rows the claim's estimate does, and
-/// compiling it took tens of milliseconds on every execution, twenty times the claim itself.
-/// Short statements that touch a few dozen rows never gain from JIT.
-///
-/// Generic plans: the claim and the completion are prepared once per connection, but
-/// PostgreSQL kept planning them afresh on every execution (a custom plan for each set of
-/// array parameters, never cheaper than the generic one, yet its estimate for the generic
-/// plan never won): about a millisecond of planning per statement on the benchmark
-/// machine, as much as executing a batch of 30 rows. Their generic plans are the same
-/// index scans (`bench/RESULTS.md` shows them), so the worker asks for those.
-pub const SESSION_SETUP: &str = "SET jit = off; SET plan_cache_mode = force_generic_plan";
+/// Plans stay PostgreSQL's choice (`plan_cache_mode = auto`), which for the prepared claim and
+/// completion means a custom plan, planned afresh, on every execution. Forcing generic plans
+/// saved that planning, but a generic plan is built once, from the statistics of the moment:
+/// built while the table was empty (a new install), the claim's read-back of the picked ids
+/// became a sequential scan of the whole table, kept until the statistics changed enough
+/// to invalidate it, and commit-to-delivery latency doubled (`bench/RESULTS.md`).
+pub const SESSION_SETUP: &str = "SET jit = off";
 
 /// Claim: lease up to `$2` due messages of the channels `$1` for worker `$3`, for `$4`
 /// seconds, in one short committed statement.
