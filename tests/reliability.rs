@@ -369,13 +369,27 @@ async fn terminated_database_connections_lose_nothing() {
             n
         }
     };
+    // Completions only run while messages flow: when the worker has delivered everything,
+    // another wave is enqueued (a completion is short, and the worker is quick enough to
+    // finish one wave before the killer has met one).
+    let mut total = N;
     while (claims_killed < 5 || completions_killed < 5) && t0.elapsed() < Duration::from_secs(20) {
-        claims_killed += kill("%WITH expired AS%").await;
-        completions_killed += kill("%), done AS (%").await;
+        // Each kind only until it has been hit enough: killing every claim would stop the
+        // worker from ever completing anything.
+        if claims_killed < 5 {
+            claims_killed += kill("%WITH expired AS%").await;
+        }
+        if completions_killed < 5 {
+            completions_killed += kill("%), done AS (%").await;
+        }
+        if completions_killed < 5 && count_state(&c, "delivered").await == total as i64 {
+            enqueue_bulk(&db, &format!("term-{total}"), &rx.url("/h"), 500).await;
+            total += 500;
+        }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let terminated = claims_killed + completions_killed;
-    wait_for_count(&c, "delivered", N as i64, Duration::from_secs(60)).await;
+    wait_for_count(&c, "delivered", total as i64, Duration::from_secs(60)).await;
     let _ = stop_tx.send(());
     run.await.unwrap().unwrap();
     let lease_lost: i64 = c
@@ -392,14 +406,14 @@ async fn terminated_database_connections_lose_nothing() {
         .map(|r| r.header("idempotency-key").unwrap())
         .collect();
     figures(&format!(
-        "database faults: {N} messages, {terminated} backends terminated mid-statement ({claims_killed} in a claim, \
+        "database faults: {total} messages, {terminated} backends terminated mid-statement ({claims_killed} in a claim, \
          {completions_killed} in a completion) in {:.1}s; \
          all delivered, {lease_lost} attempt(s) recovered after lease expiry, {} requests for {} keys",
         t0.elapsed().as_secs_f64(),
         rx.requests().len(),
         keys.len()
     ));
-    assert_eq!(keys.len(), N);
+    assert_eq!(keys.len(), total);
     assert_eq!(count_state(&c, "running").await, 0);
     assert!(claims_killed > 0, "a claim was terminated mid-statement");
     assert!(
