@@ -458,12 +458,7 @@ async fn a_notification_wakes_an_idle_worker() {
     };
     let w = RunningWorker::start(&db, cfg, test_webhook_config());
     // Listening, and idle: its LISTEN connection holds the idle mark, so commits notify.
-    wait_until(
-        Duration::from_secs(10),
-        "the worker to LISTEN, idle",
-        || async { idle_marks(&db).await == 1 },
-    )
-    .await;
+    wait_for_idle_marks(&db, 1, "the worker to LISTEN, idle").await;
     enqueue_webhook(&db, "wake:1", &rx.url("/h"), 3, true).await;
     wait_for_state(&db, "wake:1", "delivered", Duration::from_secs(10)).await;
     w.stop().await;

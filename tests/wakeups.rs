@@ -69,15 +69,7 @@ async fn enqueueing_notifies_only_while_a_worker_holds_the_idle_mark() {
 
     // The mark goes with the session (a worker that dies stops asking).
     drop(idle);
-    wait_until(
-        Duration::from_secs(10),
-        "the idle mark to be released",
-        || {
-            let db = &db;
-            async move { idle_marks(db).await == 0 }
-        },
-    )
-    .await;
+    wait_for_idle_marks(&db, 0, "the idle mark to be released").await;
     insert_committed(&db, "quiet:3").await;
     assert_eq!(
         notifications_so_far(&db, &mut rx).await,
@@ -143,15 +135,7 @@ async fn a_message_committed_after_the_worker_went_idle_is_still_sent_at_once() 
     let mut webhook = test_webhook_config();
     webhook.timeout = Duration::from_secs(30);
     let worker = RunningWorker::start(&db, cfg, webhook);
-    wait_until(
-        Duration::from_secs(10),
-        "the idle worker to hold the mark",
-        || {
-            let db = &db;
-            async move { idle_marks(db).await == 1 }
-        },
-    )
-    .await;
+    wait_for_idle_marks(&db, 1, "the idle worker to hold the mark").await;
 
     // Two due messages fill the worker's claim (one slot, one claimed ahead): busy.
     let c = db.client().await;
@@ -164,15 +148,7 @@ async fn a_message_committed_after_the_worker_went_idle_is_still_sent_at_once() 
         outboxd::enqueue(&c, &msg).await.unwrap();
     }
     c.batch_execute("COMMIT").await.unwrap();
-    wait_until(
-        Duration::from_secs(10),
-        "the busy worker to give up the mark",
-        || {
-            let db = &db;
-            async move { idle_marks(db).await == 0 }
-        },
-    )
-    .await;
+    wait_for_idle_marks(&db, 0, "the busy worker to give up the mark").await;
 
     // Enqueued while nobody is idle: no notification is asked for.
     let app = db.client().await;
@@ -191,15 +167,7 @@ async fn a_message_committed_after_the_worker_went_idle_is_still_sent_at_once() 
     // The worker finishes, finds nothing (the transaction is open) and goes idle.
     let ready = db.client().await;
     wait_for_count(&ready, "delivered", 2, Duration::from_secs(20)).await;
-    wait_until(
-        Duration::from_secs(10),
-        "the idle worker to hold the mark again",
-        || {
-            let db = &db;
-            async move { idle_marks(db).await == 1 }
-        },
-    )
-    .await;
+    wait_for_idle_marks(&db, 1, "the idle worker to hold the mark again").await;
     assert!(
         receiver.requests_for("late").is_empty(),
         "nothing is sent while the enqueueing transaction is open"

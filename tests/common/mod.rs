@@ -434,3 +434,11 @@ pub async fn idle_marks(db: &TestDb) -> i64 {
     )
     .await
 }
+
+/// Waits until exactly `n` sessions hold the idle mark (see [`idle_marks`]).
+pub async fn wait_for_idle_marks(db: &TestDb, n: i64, what: &str) {
+    wait_until(Duration::from_secs(10), what, || async move {
+        idle_marks(db).await == n
+    })
+    .await;
+}
