@@ -4,7 +4,8 @@
 //! [`install`] sets the Prometheus recorder (only `outboxd run --metrics-addr` does), so
 //! embedding the library costs nothing. Gauges that describe the table (messages by state,
 //! oldest due age) are read from the database at scrape time, so they are true whichever
-//! worker did the work.
+//! worker did the work; a scrape reads at most a bounded number of index entries per state,
+//! however many delivered rows the table keeps (see [`crate::status::bounded_counts`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -23,8 +24,12 @@ use crate::state::{AttemptOutcome, State as MessageState};
 pub const DELIVERIES_TOTAL: &str = "outboxd_deliveries_total";
 /// Duration of one delivery attempt (the network call), by channel.
 pub const DELIVERY_DURATION: &str = "outboxd_delivery_duration_seconds";
-/// Messages in the table, by state (read at scrape time).
+/// Messages in the table, by state (read at scrape time; exact up to
+/// [`crate::status::COUNT_CAP`], estimated beyond).
 pub const MESSAGES: &str = "outboxd_messages";
+/// 1 where `outboxd_messages` of that state is an estimate (the state holds more than
+/// [`crate::status::COUNT_CAP`] messages), else 0.
+pub const MESSAGES_ESTIMATED: &str = "outboxd_messages_estimated";
 /// Seconds since the oldest due pending message became due (read at scrape time).
 pub const OLDEST_DUE: &str = "outboxd_oldest_due_seconds";
 /// Rows returned by each claim.
@@ -74,7 +79,14 @@ pub fn install() -> Result<PrometheusHandle, ConfigError> {
         metrics::Unit::Seconds,
         "Duration of one delivery attempt."
     );
-    metrics::describe_gauge!(MESSAGES, "Messages in outbox.messages, by state.");
+    metrics::describe_gauge!(
+        MESSAGES,
+        "Messages in outbox.messages, by state (exact up to 100000, estimated beyond)."
+    );
+    metrics::describe_gauge!(
+        MESSAGES_ESTIMATED,
+        "1 where outboxd_messages of that state is PostgreSQL's estimate, else 0."
+    );
     metrics::describe_gauge!(
         OLDEST_DUE,
         metrics::Unit::Seconds,
@@ -122,7 +134,7 @@ const DB_TIMEOUT: Duration = Duration::from_secs(2);
 async fn metrics_route(State(st): State<AppState>) -> impl IntoResponse {
     let status = tokio::time::timeout(DB_TIMEOUT, async {
         let client = st.pool.get().await.map_err(|e| e.to_string())?;
-        crate::status::status(&**client)
+        crate::status::bounded_counts(&**client, crate::status::COUNT_CAP)
             .await
             .map_err(|e| e.to_string())
     })
@@ -130,7 +142,14 @@ async fn metrics_route(State(st): State<AppState>) -> impl IntoResponse {
     match status {
         Ok(Ok(s)) => {
             for state in MessageState::ALL {
-                metrics::gauge!(MESSAGES, "state" => state.as_str()).set(s.total.get(state) as f64);
+                metrics::gauge!(MESSAGES, "state" => state.as_str())
+                    .set(s.counts.get(state) as f64);
+                let estimated = if s.estimated.contains(&state) {
+                    1.0
+                } else {
+                    0.0
+                };
+                metrics::gauge!(MESSAGES_ESTIMATED, "state" => state.as_str()).set(estimated);
             }
             metrics::gauge!(OLDEST_DUE).set(s.oldest_due_seconds);
         }

@@ -228,11 +228,45 @@ pub const IDLE_UNMARK: &str = "SELECT pg_advisory_unlock_shared(1869968482, 2)";
 /// Run once on the LISTEN connection: subscribe, and bound [`IDLE_GATE`]'s wait.
 pub const LISTEN_SETUP: &str = "SET lock_timeout = '20ms'; LISTEN outbox_messages";
 
-/// Status: message counts by channel and state.
+/// Status: message counts by channel and state, exact (a read of the whole table: for
+/// `outboxd status`, not for a scrape; see [`STATE_COUNTS_BOUNDED`]).
 pub const STATUS_COUNTS: &str = r#"
 SELECT channel, state, count(*)::bigint AS n
 FROM outbox.messages
 GROUP BY channel, state
+"#;
+
+/// Metrics: messages by state, exact up to `$1` per state and estimated beyond, in time
+/// bounded by `$1` whatever the table holds. Returns `state, n, estimated`.
+///
+/// `STATUS_COUNTS` reads the whole table; a queue keeps its delivered rows for the
+/// retention period (millions of them), so a scrape every few seconds would keep a core of
+/// the database busy, and the scrape's timeout would not stop it (the server finishes the
+/// query). Each state here is counted from the head of its own partial index, at most `$1`
+/// entries (the `ORDER BY` keeps the planner on that index: a sequential scan with a `LIMIT`
+/// may read every delivered row before it meets a pending one). Past `$1`, the figure is the
+/// index's size as of the last `ANALYZE` or `VACUUM` (autovacuum does both), and never less
+/// than `$1`.
+pub const STATE_COUNTS_BOUNDED: &str = r#"
+SELECT s.state,
+       CASE WHEN s.n < $1 THEN s.n
+            ELSE greatest(s.n, (SELECT c.reltuples::bigint FROM pg_class c WHERE c.oid = s.idx))
+       END AS n,
+       s.n >= $1 AS estimated
+FROM (VALUES
+    ('pending',   (SELECT count(*) FROM (SELECT 1 FROM outbox.messages WHERE state = 'pending'
+                                         ORDER BY run_after, id LIMIT $1) x),
+                  'outbox.messages_due_idx'::regclass),
+    ('running',   (SELECT count(*) FROM (SELECT 1 FROM outbox.messages WHERE state = 'running'
+                                         ORDER BY lease_expires_at LIMIT $1) x),
+                  'outbox.messages_lease_idx'::regclass),
+    ('delivered', (SELECT count(*) FROM (SELECT 1 FROM outbox.messages WHERE state = 'delivered'
+                                         ORDER BY delivered_at LIMIT $1) x),
+                  'outbox.messages_delivered_idx'::regclass),
+    ('dead',      (SELECT count(*) FROM (SELECT 1 FROM outbox.messages WHERE state = 'dead'
+                                         ORDER BY dead_at LIMIT $1) x),
+                  'outbox.messages_dead_idx'::regclass)
+) AS s(state, n, idx)
 "#;
 
 /// Status: seconds since the `run_after` of the oldest due pending message; 0 when none is

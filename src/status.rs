@@ -54,7 +54,55 @@ pub struct Status {
     pub by_channel: BTreeMap<String, Counts>,
 }
 
-/// Reads the status.
+/// Messages by state as `/metrics` reports them: exact up to a cap per state, estimated
+/// beyond it, at a cost bounded by the cap (see [`queries::STATE_COUNTS_BOUNDED`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BoundedCounts {
+    /// The counts; a state listed in `estimated` holds an estimate of at least the cap.
+    pub counts: Counts,
+    /// States whose count reached the cap and is PostgreSQL's estimate.
+    pub estimated: Vec<State>,
+    /// As in [`Status::oldest_due_seconds`].
+    pub oldest_due_seconds: f64,
+}
+
+/// The default cap of [`bounded_counts`]: each state costs at most this many index entries
+/// read (tens of milliseconds).
+pub const COUNT_CAP: i64 = 100_000;
+
+/// Reads the counts by state, exact up to `cap` per state (see [`BoundedCounts`]).
+pub async fn bounded_counts<C: GenericClient>(
+    client: &C,
+    cap: i64,
+) -> Result<BoundedCounts, tokio_postgres::Error> {
+    let mut out = BoundedCounts::default();
+    for row in client
+        .query(queries::STATE_COUNTS_BOUNDED, &[&cap.max(1)])
+        .await?
+    {
+        let state: &str = row.get(0);
+        let n: i64 = row.get(1);
+        let estimated: bool = row.get(2);
+        let Some(state) = State::parse(state) else {
+            continue;
+        };
+        out.counts.add(state, n);
+        if estimated {
+            out.estimated.push(state);
+        }
+    }
+    out.oldest_due_seconds = oldest_due_seconds(client).await?;
+    Ok(out)
+}
+
+async fn oldest_due_seconds<C: GenericClient>(client: &C) -> Result<f64, tokio_postgres::Error> {
+    let row = client.query_one(queries::OLDEST_DUE_SECONDS, &[]).await?;
+    let secs: f64 = row.get(0);
+    Ok((secs.max(0.0) * 1000.0).round() / 1000.0)
+}
+
+/// Reads the status, exactly: a read of the whole table (see [`bounded_counts`] for a
+/// figure whose cost does not grow with the table).
 pub async fn status<C: GenericClient>(client: &C) -> Result<Status, tokio_postgres::Error> {
     let mut st = Status::default();
     for ch in crate::deliver::Channel::ALL {
@@ -71,8 +119,6 @@ pub async fn status<C: GenericClient>(client: &C) -> Result<Status, tokio_postgr
         st.total.add(state, n);
         st.by_channel.entry(channel).or_default().add(state, n);
     }
-    let row = client.query_one(queries::OLDEST_DUE_SECONDS, &[]).await?;
-    let secs: f64 = row.get(0);
-    st.oldest_due_seconds = (secs.max(0.0) * 1000.0).round() / 1000.0;
+    st.oldest_due_seconds = oldest_due_seconds(client).await?;
     Ok(st)
 }

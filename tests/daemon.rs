@@ -214,6 +214,11 @@ async fn metrics_health_and_json_logs() {
         Some(0.0),
         "{text}"
     );
+    assert_eq!(
+        value("outboxd_messages_estimated{state=\"delivered\"}"),
+        Some(0.0),
+        "{text}"
+    );
     assert_eq!(value("outboxd_oldest_due_seconds"), Some(0.0), "{text}");
     assert!(text.contains("outboxd_claim_batch_size_bucket"), "{text}");
 

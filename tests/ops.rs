@@ -463,3 +463,50 @@ async fn a_message_history_goes_with_it() {
         0
     );
 }
+
+/// The counts `/metrics` reports: exact below the cap, PostgreSQL's estimate (flagged) at or
+/// above it, so that a scrape costs the same on a table of ten rows or ten million.
+#[tokio::test]
+async fn bounded_counts_are_exact_below_the_cap_and_estimated_above() {
+    let db = TestDb::new().await;
+    for i in 0..5 {
+        enqueue_webhook(&db, &format!("p:{i}"), "http://127.0.0.1:9/x", 3, false).await;
+    }
+    for i in 0..2 {
+        let key = format!("d:{i}");
+        enqueue_webhook(&db, &key, "http://127.0.0.1:9/x", 3, false).await;
+        deliver_old(&db, &key, "1 hour").await;
+    }
+    enqueue_webhook(&db, "x:0", "http://127.0.0.1:9/x", 3, false).await;
+    kill(&db, "x:0", "permanent", "1 minute").await;
+    let c = db.client().await;
+
+    let exact = outboxd::status::bounded_counts(&c, 10).await.unwrap();
+    assert_eq!(
+        (
+            exact.counts.pending,
+            exact.counts.running,
+            exact.counts.delivered,
+            exact.counts.dead
+        ),
+        (5, 0, 2, 1)
+    );
+    assert!(exact.estimated.is_empty(), "{exact:?}");
+
+    // Five pending rows against a cap of 3: the pending figure is an estimate, and never
+    // below the cap, even before statistics exist; the others stay exact.
+    let capped = outboxd::status::bounded_counts(&c, 3).await.unwrap();
+    assert_eq!(capped.estimated, vec![outboxd::state::State::Pending]);
+    assert!(capped.counts.pending >= 3, "{capped:?}");
+    assert_eq!((capped.counts.delivered, capped.counts.dead), (2, 1));
+
+    // With fresh statistics (autovacuum's ANALYZE), the estimate is the index's size.
+    c.batch_execute("ANALYZE outbox.messages").await.unwrap();
+    let analyzed = outboxd::status::bounded_counts(&c, 3).await.unwrap();
+    assert_eq!(analyzed.counts.pending, 5, "{analyzed:?}");
+    assert_eq!(analyzed.estimated, vec![outboxd::state::State::Pending]);
+
+    // The exact count agrees where both are exact.
+    let full = outboxd::status::status(&c).await.unwrap();
+    assert_eq!(full.total, exact.counts);
+}

@@ -237,6 +237,10 @@ async fn the_worker_role_runs_the_daemon_and_the_operator_commands() {
         "the worker role may not delete history directly"
     );
     outboxd::status::status(&wc).await.unwrap();
+    // What /metrics reads (partial indexes, pg_class) is open to the worker role too.
+    outboxd::status::bounded_counts(&wc, outboxd::status::COUNT_CAP)
+        .await
+        .unwrap();
     let _ = tx.send(());
     let summary = run.await.unwrap().unwrap();
     assert_eq!(summary.delivered, 2);
