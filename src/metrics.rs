@@ -81,7 +81,10 @@ pub fn install() -> Result<PrometheusHandle, ConfigError> {
     );
     metrics::describe_gauge!(
         MESSAGES,
-        "Messages in outbox.messages, by state (exact up to 100000, estimated beyond)."
+        format!(
+            "Messages in outbox.messages, by state (exact up to {}, estimated beyond).",
+            crate::status::COUNT_CAP
+        )
     );
     metrics::describe_gauge!(
         MESSAGES_ESTIMATED,

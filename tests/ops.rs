@@ -431,12 +431,7 @@ async fn a_message_history_goes_with_it() {
     assert_eq!(history("h:1").await, 0, "no orphaned history");
 
     // outbox.purge.
-    c.batch_execute(
-        "UPDATE outbox.messages SET state = 'delivered', attempts = 1, \
-         delivered_at = now() - interval '3 days' WHERE message_key = 'h:2'",
-    )
-    .await
-    .unwrap();
+    deliver_old(&db, "h:2", "3 days").await;
     let purged: i64 = c
         .query_one("SELECT outbox.purge(interval '2 days')", &[])
         .await
