@@ -469,17 +469,37 @@ impl WorkerConfig {
         }
         // A lease that can expire while an attempt is still within its timeout would let a
         // second worker send the same message while the first one is still talking to the
-        // provider. Require a margin.
-        if self.lease <= longest_delivery + Duration::from_secs(1) {
+        // provider. The loop starts an attempt only while its timeout and LEASE_MARGIN still
+        // fit in the lease; this asks for a lease where a freshly claimed row can also wait
+        // LEASE_MIN_WAIT for a slot.
+        let needed = longest_delivery + LEASE_MARGIN + LEASE_MIN_WAIT;
+        if self.lease < needed {
             return Err(ConfigError(format!(
-                "--lease ({}) must be longer than the delivery timeout ({}) plus 1s",
+                "--lease ({}) must be at least the delivery timeout ({}) plus {}s, so that every attempt ends inside its lease",
                 format_duration(self.lease),
-                format_duration(longest_delivery)
+                format_duration(longest_delivery),
+                (LEASE_MARGIN + LEASE_MIN_WAIT).as_secs()
             )));
         }
         Ok(())
     }
+
+    /// Whether an attempt with this `timeout` may start, `since_claim` after the claim that
+    /// leased its row: its whole timeout plus [`LEASE_MARGIN`] must fit in what is left of
+    /// the lease. Otherwise the lease could expire mid-attempt, and another worker (or this
+    /// one) would send the message again while the first request is still in flight.
+    pub fn attempt_fits(&self, since_claim: Duration, timeout: Duration) -> bool {
+        self.lease.saturating_sub(since_claim) >= timeout + LEASE_MARGIN
+    }
 }
+
+/// What an attempt must have left of its lease beyond its timeout when it starts: time to
+/// hand its result to the completer and write it before anyone may take the row over.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(2);
+
+/// How long, at the shortest lease start-up allows, a claimed row may wait for a slot and
+/// still start.
+pub const LEASE_MIN_WAIT: Duration = Duration::from_secs(1);
 
 /// `hostname-pid`: unique enough to tell workers apart in leases and history.
 pub fn default_worker_id() -> String {
@@ -635,5 +655,31 @@ mod tests {
         };
         assert!(cfg.validate(Duration::from_secs(10)).is_err());
         assert!(cfg.validate(Duration::from_secs(5)).is_ok());
+        // The pairing: a 10 s timeout under a 12 s lease left a second worker room
+        // to send the message again while the first request was still waiting.
+        let tight = WorkerConfig {
+            lease: Duration::from_secs(12),
+            ..WorkerConfig::default()
+        };
+        assert!(tight.validate(Duration::from_secs(10)).is_err());
+        assert!(tight.validate(Duration::from_secs(9)).is_ok());
+        // The defaults pass for both channels (webhook 10 s, e-mail 30 s).
+        let defaults = WorkerConfig::default();
+        assert!(defaults.validate(Duration::from_secs(30)).is_ok());
+    }
+
+    #[test]
+    fn an_attempt_starts_only_if_its_timeout_fits_in_the_lease() {
+        let cfg = WorkerConfig {
+            lease: Duration::from_secs(60),
+            ..WorkerConfig::default()
+        };
+        let t = Duration::from_secs(30);
+        assert!(cfg.attempt_fits(Duration::ZERO, t));
+        assert!(cfg.attempt_fits(Duration::from_secs(28), t));
+        assert!(!cfg.attempt_fits(Duration::from_millis(28_001), t));
+        // The old rule started anything claimed less than half a lease ago.
+        assert!(!cfg.attempt_fits(Duration::from_secs(29), t));
+        assert!(!cfg.attempt_fits(Duration::from_secs(600), t));
     }
 }

@@ -32,7 +32,7 @@ use uuid::Uuid;
 
 use crate::claim::{self, Claimed, Completion};
 use crate::config::WorkerConfig;
-use crate::deliver::{Channel, Deliverers, Outgoing};
+use crate::deliver::{Channel, Deliverers, Outgoing, Ready};
 use crate::queries;
 use crate::retry::ErrorClass;
 use crate::state::{AttemptOutcome, Budget, decide};
@@ -149,116 +149,93 @@ impl Worker {
         // (with a backlog, that round trip is what left slots idle). At most one batch
         // ahead, never more than the concurrency.
         let capacity = cfg.concurrency + cfg.concurrency.min(cfg.batch_size);
+        let mut lanes = Lane::plan(&cfg.channels, &shared.deliverers, capacity);
         let mut tasks = JoinSet::new();
         let mut db_backoff = Backoff::new();
-        let mut backlog = false;
         tokio::pin!(shutdown);
 
-        loop {
+        'run: loop {
             while tasks.try_join_next().is_some() {}
-            let free = capacity.saturating_sub(tasks.len());
-            // With a backlog, wait until a useful number of slots is free so each claim
-            // fetches a batch rather than one row per finished delivery; when the queue is
-            // idle, any free slot takes a new message at once.
-            let threshold = if backlog {
-                (cfg.batch_size.min(cfg.concurrency) / 4).max(1)
-            } else {
-                1
-            };
-            if free < threshold {
+            let mut free = capacity.saturating_sub(tasks.len());
+            let mut claimed_any = false;
+            // Some claim came back full: more is due, claim again without waiting.
+            let mut full = false;
+            let mut picked_total = 0;
+            let mut failed = None;
+            for lane in &mut lanes {
+                let room = free.min(lane.room());
+                // With a backlog, wait until a useful number of slots is free so each claim
+                // fetches a batch rather than one row per finished delivery; when the queue
+                // is idle, any free slot takes a new message at once.
+                if room < lane.threshold(cfg) {
+                    continue;
+                }
+                let want = room.min(cfg.batch_size);
+                // Taken before the claim: the lease runs from the claim's statement, so
+                // this is never later than the lease's own start.
+                let claimed_at = Instant::now();
+                // Bounded, and raced against shutdown: a database that stops answering must
+                // neither freeze the loop nor delay a SIGTERM. A claim cut off after it
+                // committed leaves rows leased to us that we never saw; their leases expire
+                // and the next claim takes them over (nothing was sent).
+                // Shutdown is checked first: a stop that is already due never starts a claim.
+                let claimed = tokio::select! {
+                    biased;
+                    _ = &mut shutdown => break 'run,
+                    r = bounded(async {
+                        let client = checkout(&shared.pool).await?;
+                        claim::claim_cached(&client, &lane.channels, want, &cfg.worker_id, cfg.lease)
+                            .await
+                            .map_err(|e| crate::db::describe(&e))
+                    }) => r,
+                };
+                let batch = match claimed {
+                    Ok(b) => b,
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                };
+                claimed_any = true;
+                log_gave_up(&shared, &batch.gave_up);
+                // Rows dead-lettered by the claim took places in the batch too.
+                let picked = batch.claimed.len() + batch.gave_up.len();
+                picked_total += picked;
+                free = free.saturating_sub(batch.claimed.len());
+                crate::metrics::claim_batch(batch.claimed.len());
+                for msg in batch.claimed {
+                    spawn_attempt(&mut tasks, &shared, &slots, &done_tx, lane, msg, claimed_at);
+                }
+                lane.backlog = picked == want;
+                full |= lane.backlog;
+            }
+            if let Some(e) = failed {
+                let wait = db_backoff.next();
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "claim failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => continue,
+                    _ = &mut shutdown => break,
+                }
+            }
+            if !claimed_any {
+                // Every lane is full: a finished delivery wakes the loop.
                 tokio::select! {
                     _ = shared.wake.notified() => continue,
                     _ = &mut shutdown => break,
                 }
             }
-            let want = free.min(cfg.batch_size);
-            // Bounded, and raced against shutdown: a database that stops answering must
-            // neither freeze the loop nor delay a SIGTERM. A claim cut off after it
-            // committed leaves rows leased to us that we never saw; their leases expire
-            // and the next claim takes them over (nothing was sent).
-            // Shutdown is checked first: a stop that is already due never starts a claim.
-            let claimed = tokio::select! {
-                biased;
-                _ = &mut shutdown => break,
-                r = bounded(async {
-                    let client = checkout(&shared.pool).await?;
-                    claim::claim_cached(&client, &cfg.channels, want, &cfg.worker_id, cfg.lease)
-                        .await
-                        .map_err(|e| crate::db::describe(&e))
-                }) => r,
-            };
-            let batch = match claimed {
-                Ok(b) => {
-                    db_backoff.reset();
-                    b
-                }
-                Err(e) => {
-                    let wait = db_backoff.next();
-                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "claim failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(wait) => continue,
-                        _ = &mut shutdown => break,
-                    }
-                }
-            };
-            for g in &batch.gave_up {
-                tracing::warn!(
-                    message_id = g.id,
-                    key = %g.key,
-                    channel = %g.channel,
-                    attempt = %format_args!("{}/{}", g.attempt, g.max_attempts),
-                    outcome = "dead",
-                    error_class = "ambiguous",
-                    "lease expired while running and no retry is allowed; dead-lettered"
-                );
-            }
-            if !batch.gave_up.is_empty() {
-                lock(&shared.summary).dead += batch.gave_up.len() as u64;
-                for g in &batch.gave_up {
-                    crate::metrics::gave_up(g.channel);
-                }
-            }
-            // Rows dead-lettered by the claim took places in the batch too.
-            let picked = batch.claimed.len() + batch.gave_up.len();
-            let got = batch.claimed.len();
-            crate::metrics::claim_batch(got);
-            let claimed_at = Instant::now();
-            for msg in batch.claimed {
-                shared.inflight.fetch_add(1, Ordering::SeqCst);
-                let shared = shared.clone();
-                let tx = done_tx.clone();
-                let slots = slots.clone();
-                tasks.spawn(async move {
-                    // Wait for a delivery slot; at shutdown, give the row back instead.
-                    let permit = tokio::select! {
-                        p = slots.acquire_owned() => p.ok(),
-                        _ = shared.stopping.cancelled() => None,
-                    };
-                    // A row that waited for half its lease (deliveries slower than the
-                    // lease allows) is given back unsent rather than risk a takeover.
-                    let fresh = claimed_at.elapsed() < shared.cfg.lease / 2;
-                    let done = if permit.is_some() && fresh {
-                        attempt(&shared, msg).await
-                    } else {
-                        Done::Released(msg.id, msg.lease_token)
-                    };
-                    // Keep the slot until the completer has room: that is the backpressure
-                    // that stops claims while the database cannot keep up.
-                    let _ = tx.send(done).await;
-                    drop(permit);
-                    shared.wake.notify_one();
-                });
-            }
-            backlog = picked == want;
+            db_backoff.reset();
+            // Idle while any lane's last claim came back short: that lane needs wake-ups.
+            let busy = lanes.iter().all(|l| l.backlog);
             idle_tx.send_if_modified(|idle| {
-                let changed = *idle == backlog;
-                *idle = !backlog;
+                let changed = *idle == busy;
+                *idle = !busy;
                 changed
             });
-            if backlog {
+            if full {
                 continue;
             }
-            if cfg.drain && picked == 0 && shared.inflight.load(Ordering::SeqCst) == 0 {
+            if cfg.drain && picked_total == 0 && shared.inflight.load(Ordering::SeqCst) == 0 {
                 match drain_done(&shared).await {
                     Ok(true) => {
                         tracing::info!(
@@ -331,6 +308,154 @@ impl Worker {
     }
 }
 
+/// Channels claimed together under one bound on how many of their messages are in flight.
+///
+/// A channel that bounds its own sends (e-mail: the relay's connections) has a lane of its
+/// own, capped there: rows claimed beyond that bound would only queue for a connection
+/// while their leases run. The other channels share one lane, bounded by the loop's
+/// capacity alone.
+struct Lane {
+    channels: Vec<Channel>,
+    /// Most of this lane's messages in flight at once.
+    cap: usize,
+    /// This lane's delivery tasks that have not ended.
+    inflight: Arc<AtomicUsize>,
+    /// The lane's last claim came back full: more is due.
+    backlog: bool,
+}
+
+impl Lane {
+    fn plan(channels: &[Channel], deliverers: &Deliverers, capacity: usize) -> Vec<Lane> {
+        let lane = |channels, cap| Lane {
+            channels,
+            cap,
+            inflight: Arc::new(AtomicUsize::new(0)),
+            backlog: false,
+        };
+        let mut lanes = Vec::new();
+        let mut shared = Vec::new();
+        for &c in channels {
+            match deliverers.capacity(c) {
+                Some(n) => lanes.push(lane(vec![c], n.clamp(1, capacity))),
+                None => shared.push(c),
+            }
+        }
+        if !shared.is_empty() {
+            lanes.push(lane(shared, capacity));
+        }
+        lanes
+    }
+
+    /// How many more of this lane's messages may be claimed now.
+    fn room(&self) -> usize {
+        self.cap
+            .saturating_sub(self.inflight.load(Ordering::SeqCst))
+    }
+
+    /// The least room worth a claim.
+    fn threshold(&self, cfg: &WorkerConfig) -> usize {
+        if self.backlog {
+            (cfg.batch_size.min(cfg.concurrency).min(self.cap) / 4).max(1)
+        } else {
+            1
+        }
+    }
+}
+
+/// Counts a delivery task in its lane until the task ends.
+struct InLane(Arc<AtomicUsize>);
+
+impl InLane {
+    fn enter(count: &Arc<AtomicUsize>) -> InLane {
+        count.fetch_add(1, Ordering::SeqCst);
+        InLane(count.clone())
+    }
+}
+
+impl Drop for InLane {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Logs the rows a claim dead-lettered because their lease had expired.
+fn log_gave_up(shared: &Shared, gave_up: &[claim::GaveUp]) {
+    for g in gave_up {
+        tracing::warn!(
+            message_id = g.id,
+            key = %g.key,
+            channel = %g.channel,
+            attempt = %format_args!("{}/{}", g.attempt, g.max_attempts),
+            outcome = "dead",
+            error_class = "ambiguous",
+            "lease expired while running and no retry is allowed; dead-lettered"
+        );
+        crate::metrics::gave_up(g.channel);
+    }
+    if !gave_up.is_empty() {
+        lock(&shared.summary).dead += gave_up.len() as u64;
+    }
+}
+
+/// One task for one claimed row: it waits for a delivery slot and for its channel, then
+/// makes the attempt if it still fits in the lease, or gives the row back unsent.
+fn spawn_attempt(
+    tasks: &mut JoinSet<()>,
+    shared: &Arc<Shared>,
+    slots: &Arc<Semaphore>,
+    done_tx: &mpsc::Sender<Done>,
+    lane: &Lane,
+    msg: Claimed,
+    claimed_at: Instant,
+) {
+    shared.inflight.fetch_add(1, Ordering::SeqCst);
+    let in_lane = InLane::enter(&lane.inflight);
+    let shared = shared.clone();
+    let tx = done_tx.clone();
+    let slots = slots.clone();
+    tasks.spawn(async move {
+        // Wait for a delivery slot; at shutdown, give the row back instead.
+        let permit = tokio::select! {
+            p = slots.acquire_owned() => p.ok(),
+            _ = shared.stopping.cancelled() => None,
+        };
+        let done = match permit {
+            Some(_) => attempt_if_it_fits(&shared, msg, claimed_at).await,
+            None => Done::Released(msg.id, msg.lease_token),
+        };
+        // Keep the slot until the completer has room: that is the backpressure that stops
+        // claims while the database cannot keep up.
+        let _ = tx.send(done).await;
+        drop(permit);
+        drop(in_lane);
+        shared.wake.notify_one();
+    });
+}
+
+/// Waits until the channel can send, then starts the attempt only if its whole timeout
+/// still fits in the lease with a margin ([`WorkerConfig::attempt_fits`]): a row that
+/// waited too long for a slot or a connection is given back unsent, rather than sent with a
+/// lease that may run out mid-request (another worker would then send it again while this
+/// request is still in flight).
+async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at: Instant) -> Done {
+    let ready = tokio::select! {
+        r = shared.deliverers.ready(msg.channel) => r,
+        _ = shared.stopping.cancelled() => return Done::Released(msg.id, msg.lease_token),
+    };
+    if !shared
+        .cfg
+        .attempt_fits(claimed_at.elapsed(), ready.timeout())
+    {
+        tracing::debug!(
+            message_id = msg.id,
+            waited_ms = claimed_at.elapsed().as_millis() as u64,
+            "the attempt would not end inside its lease; giving the row back unsent"
+        );
+        return Done::Released(msg.id, msg.lease_token);
+    }
+    attempt(shared, msg, ready).await
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -362,21 +487,17 @@ async fn drain_done(shared: &Shared) -> Result<bool, String> {
 }
 
 /// One attempt: send, classify, decide. Never touches the database.
-async fn attempt(shared: &Shared, msg: Claimed) -> Done {
+async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
     if shared.stopping.is_cancelled() {
         return Done::Released(msg.id, msg.lease_token);
     }
     let started_at = SystemTime::now();
     let t0 = Instant::now();
-    let result = shared
-        .deliverers
-        .deliver(
-            msg.channel,
-            Outgoing {
-                key: &msg.key,
-                payload: &msg.payload,
-            },
-        )
+    let result = ready
+        .send(Outgoing {
+            key: &msg.key,
+            payload: &msg.payload,
+        })
         .await;
     let duration = t0.elapsed();
     let budget = Budget {

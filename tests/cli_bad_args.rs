@@ -161,6 +161,13 @@ fn bad_arguments_exit_2_with_one_line_before_any_connection() {
             "lease",
         ),
         (
+            // An attempt must end inside its lease with a margin: 10 s under a 12 s lease
+            // let a second worker send the message while the first request still waited.
+            "run: lease under timeout + 3s",
+            vec!["run", "--lease", "12s", "--webhook-timeout", "10s"],
+            "lease",
+        ),
+        (
             "run: concurrency negative",
             vec!["run", "--concurrency=-1"],
             "concurrency",

@@ -1047,3 +1047,59 @@ async fn the_daemon_sends_email_when_an_smtp_url_is_set_and_logs_no_secrets() {
         assert!(!err.contains(secret), "{secret:?} in the logs:\n{err}");
     }
 }
+
+/// A slow relay: waiting for one of the pool's connections is no part of an attempt, and
+/// the worker claims no more e-mails than it has connections. Before, every claimed e-mail
+/// started its clock while it queued for a connection: 40 e-mails, a relay answering 3 s
+/// after the end of DATA and a 5 s timeout gave 60 copies at the relay and 10 false
+/// ambiguous dead letters. Scaled down: 12 e-mails, 3 connections, 1 s, 1.5 s.
+#[tokio::test]
+async fn a_slow_relay_gets_each_message_once() {
+    const N: usize = 12;
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    fake.plan((0..N).map(|_| Plan::at_end_of_data(Answer::Late(Duration::from_secs(1)))));
+    for i in 0..N {
+        enqueue_email(
+            &db,
+            &format!("slow:{i}"),
+            simple(&["a@example.com"]),
+            3,
+            true,
+        )
+        .await;
+    }
+    let cfg = EmailConfig {
+        timeout: Duration::from_millis(1500),
+        max_connections: 3,
+        ..email_config(&fake.url())
+    };
+    let w = start(&db, cfg);
+    let c = db.client().await;
+    wait_for_count(&c, "delivered", N as i64, Duration::from_secs(60)).await;
+    w.stop().await;
+    let received = fake.received();
+    let mut ids: Vec<String> = received
+        .iter()
+        .map(|r| common::smtp::header_of(&r.content, "Message-ID").unwrap())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), N, "every message reached the relay");
+    assert_eq!(received.len(), N, "and none twice");
+    let outcomes: Vec<(String, Option<String>)> = c
+        .query(
+            "SELECT outcome, error_class FROM outbox.attempts ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(outcomes.len(), N, "one attempt each: {outcomes:?}");
+    assert!(
+        outcomes.iter().all(|(o, _)| o == "delivered"),
+        "{outcomes:?}"
+    );
+}

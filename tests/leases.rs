@@ -332,7 +332,7 @@ async fn a_killed_worker_process_loses_its_lease_and_another_finishes() {
             "--worker-id",
             "doomed",
             "--lease",
-            "3s",
+            "4500ms",
             "--webhook-timeout",
             "1500ms",
             "--poll-interval",
@@ -544,4 +544,51 @@ async fn a_stale_and_a_current_completion_in_one_batch() {
         !h.iter().any(|a| a.1 == "dead"),
         "the stale result was not recorded as dead: {h:?}"
     );
+}
+
+/// An attempt starts only while its whole timeout, and a margin, still fit in the lease.
+/// Here the second row, claimed ahead of the only slot, waits 3.5 s; the old rule (start
+/// anything claimed less than half a lease ago) sent it with 4.5 s of an 8 s lease left and
+/// a 4.8 s response to come: the lease ran out mid-request, the row was claimed and sent
+/// again, and the first success was recorded `lease_lost`. Now it is given back unsent and
+/// sent once, under a fresh lease.
+#[tokio::test]
+async fn a_row_that_waited_too_long_for_a_slot_is_released_not_sent_twice() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([
+        Reply::Stall(Duration::from_millis(3500)),
+        Reply::Stall(Duration::from_millis(4800)),
+    ]);
+    enqueue_webhook(&db, "fit:1", &rx.url("/h"), 3, true).await;
+    enqueue_webhook(&db, "fit:2", &rx.url("/h"), 3, true).await;
+    let cfg = outboxd::config::WorkerConfig {
+        concurrency: 1,
+        batch_size: 2,
+        lease: Duration::from_secs(8),
+        ..test_worker_config("fit")
+    };
+    let webhook = outboxd::config::WebhookConfig {
+        timeout: Duration::from_secs(5),
+        ..test_webhook_config()
+    };
+    // A pairing that start-up accepts.
+    cfg.validate(webhook.timeout)
+        .expect("lease 8s, timeout 5s is allowed");
+    let w = RunningWorker::start(&db, cfg, webhook);
+    for key in ["fit:1", "fit:2"] {
+        wait_for_state(&db, key, "delivered", Duration::from_secs(40)).await;
+    }
+    let summary = w.stop().await;
+    for key in ["fit:1", "fit:2"] {
+        assert_eq!(rx.requests_for(key).len(), 1, "{key} was sent once");
+    }
+    assert_eq!(summary.lease_lost, 0, "{summary:?}");
+    assert_eq!(summary.delivered, 2, "{summary:?}");
+    let mut outcomes: Vec<String> = Vec::new();
+    for key in ["fit:1", "fit:2"] {
+        outcomes.extend(attempts(&db, key).await.into_iter().map(|a| a.1));
+    }
+    outcomes.sort();
+    assert_eq!(outcomes, ["delivered", "delivered", "released"]);
 }

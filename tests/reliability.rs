@@ -72,7 +72,7 @@ fn spawn_worker(db: &TestDb, id: &str) -> Child {
         ])
         .args([
             "--lease",
-            "3s",
+            "5s",
             "--webhook-timeout",
             "1s",
             "--poll-interval",
@@ -333,7 +333,12 @@ async fn terminated_database_connections_lose_nothing() {
     pg.application_name("outboxd-victim");
     let pool = outboxd::db::pool(pg.clone(), 4).unwrap();
     let deliverers = outboxd::deliver::Deliverers {
-        webhook: outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
+        // A timeout that fits in the short lease with the margin an attempt needs to start.
+        webhook: outboxd::deliver::webhook::WebhookSender::new(&outboxd::config::WebhookConfig {
+            timeout: Duration::from_millis(500),
+            ..test_webhook_config()
+        })
+        .unwrap(),
         email: None,
     };
     let cfg = outboxd::config::WorkerConfig {

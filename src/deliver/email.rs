@@ -114,8 +114,13 @@ struct Inner {
     slots: Semaphore,
     /// Connections between transactions, newest last.
     idle: Mutex<Vec<IdleConnection>>,
-    /// Most idle connections kept.
-    max_idle: usize,
+    /// Most connections open at once, and most idle connections kept.
+    max_connections: usize,
+}
+
+/// The right to open or reuse one of the relay's connections for one attempt.
+pub struct SmtpSlot<'a> {
+    _permit: tokio::sync::SemaphorePermit<'a>,
 }
 
 /// A pooled connection.
@@ -692,14 +697,41 @@ impl EmailSender {
                 message_id_domain: cfg.message_id_domain.clone(),
                 slots: Semaphore::new(max),
                 idle: Mutex::new(Vec::new()),
-                max_idle: max,
+                max_connections: max,
             }),
         })
     }
 
-    /// Sends one attempt: builds the message (no network call if it is invalid), then one
-    /// SMTP transaction within the timeout.
-    pub async fn send(&self, msg: Outgoing<'_>) -> Result<Delivered, DeliveryError> {
+    /// Most connections open at once: also how many e-mails the worker should have in
+    /// flight, since any more would only wait for one of them.
+    pub fn max_connections(&self) -> usize {
+        self.inner.max_connections
+    }
+
+    /// The whole attempt's deadline (`--smtp-timeout`).
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// Waits for one of the pool's connections to be free. The wait is not part of any
+    /// attempt: an attempt's clock starts in [`EmailSender::send`], once it holds a slot
+    /// (a queue for connections counted against the timeout turned a slow relay into
+    /// attempts that timed out before, or while, they were sent).
+    pub async fn slot(&self) -> Result<SmtpSlot<'_>, DeliveryError> {
+        // The semaphore is never closed; the error arm is unreachable but not a panic.
+        let permit = self.inner.slots.acquire().await.map_err(|_| {
+            DeliveryError::new(ErrorClass::Transient, "the e-mail sender is shutting down")
+        })?;
+        Ok(SmtpSlot { _permit: permit })
+    }
+
+    /// Sends one attempt on a slot from [`EmailSender::slot`]: builds the message (no
+    /// network call if it is invalid), then one SMTP transaction within the timeout.
+    pub async fn send(
+        &self,
+        _slot: SmtpSlot<'_>,
+        msg: Outgoing<'_>,
+    ) -> Result<Delivered, DeliveryError> {
         let inner = &*self.inner;
         let email = parse_payload(msg.payload, msg.key, inner.message_id_domain.as_deref())?;
         let content = email.message.formatted();
@@ -756,7 +788,7 @@ impl EmailSender {
 
 impl Inner {
     /// One SMTP transaction, from taking a connection to the reply after the end of DATA.
-    /// The caller bounds it with the attempt's deadline.
+    /// The caller holds a slot and bounds this with the attempt's deadline.
     async fn transaction(
         &self,
         envelope: &Envelope,
@@ -764,11 +796,6 @@ impl Inner {
         progress: &Progress,
     ) -> Result<Response, DeliveryError> {
         progress.set(Phase::Session);
-        // The semaphore is never closed; the error arm is unreachable but not a panic.
-        let _slot = self.slots.acquire().await.map_err(|_| {
-            DeliveryError::new(ErrorClass::Transient, "the e-mail sender is shutting down")
-        })?;
-
         let (mut conn, reused) = match self.checkout().await {
             Some(conn) => (conn, true),
             None => (self.connect().await?, false),
@@ -987,7 +1014,7 @@ impl Inner {
             return;
         }
         let mut idle = lock(&self.idle);
-        if idle.len() < self.max_idle {
+        if idle.len() < self.max_connections {
             idle.push(IdleConnection {
                 conn,
                 since: Instant::now(),

@@ -129,20 +129,70 @@ pub struct Deliverers {
 }
 
 impl Deliverers {
-    /// Sends one message on its channel.
+    /// How many messages of `channel` can be sent at once, when the channel itself bounds
+    /// it (e-mail: the relay's connections). The worker claims no more than that, so that
+    /// claimed rows do not queue for a connection while their leases run.
+    pub fn capacity(&self, channel: Channel) -> Option<usize> {
+        match channel {
+            Channel::Webhook => None,
+            Channel::Email => self.email.as_ref().map(|e| e.max_connections()),
+        }
+    }
+
+    /// Waits until `channel` can start an attempt at once (e-mail: a free connection). The
+    /// wait is no part of the attempt: its timeout starts with [`Ready::send`], so the
+    /// caller can still decide, after the wait, whether the attempt fits in its lease.
+    pub async fn ready(&self, channel: Channel) -> Ready<'_> {
+        match channel {
+            Channel::Webhook => Ready::Webhook(&self.webhook),
+            Channel::Email => match &self.email {
+                Some(sender) => match sender.slot().await {
+                    Ok(slot) => Ready::Email(sender, slot),
+                    Err(e) => Ready::Refused(e),
+                },
+                None => Ready::Refused(DeliveryError::invalid(
+                    "the email channel is not configured on this worker",
+                )),
+            },
+        }
+    }
+
+    /// Sends one message on its channel: [`Deliverers::ready`], then [`Ready::send`].
     pub async fn deliver(
         &self,
         channel: Channel,
         msg: Outgoing<'_>,
     ) -> Result<Delivered, DeliveryError> {
-        match channel {
-            Channel::Webhook => self.webhook.send(msg).await,
-            Channel::Email => match &self.email {
-                Some(sender) => sender.send(msg).await,
-                None => Err(DeliveryError::invalid(
-                    "the email channel is not configured on this worker",
-                )),
-            },
+        self.ready(channel).await.send(msg).await
+    }
+}
+
+/// A channel ready to start one attempt now.
+pub enum Ready<'a> {
+    /// Webhooks need no slot of their own.
+    Webhook(&'a webhook::WebhookSender),
+    /// E-mail, holding one of the relay's connection slots.
+    Email(&'a email::EmailSender, email::SmtpSlot<'a>),
+    /// The channel cannot send: the attempt fails with this, no network call made.
+    Refused(DeliveryError),
+}
+
+impl Ready<'_> {
+    /// The longest the attempt [`Ready::send`] starts can take.
+    pub fn timeout(&self) -> Duration {
+        match self {
+            Ready::Webhook(sender) => sender.timeout(),
+            Ready::Email(sender, _) => sender.timeout(),
+            Ready::Refused(_) => Duration::ZERO,
+        }
+    }
+
+    /// Makes the attempt; its timeout starts now.
+    pub async fn send(self, msg: Outgoing<'_>) -> Result<Delivered, DeliveryError> {
+        match self {
+            Ready::Webhook(sender) => sender.send(msg).await,
+            Ready::Email(sender, slot) => sender.send(slot, msg).await,
+            Ready::Refused(e) => Err(e),
         }
     }
 }

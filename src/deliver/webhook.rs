@@ -214,6 +214,11 @@ impl WebhookSender {
         })
     }
 
+    /// The whole-request timeout of one attempt (`--webhook-timeout`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Sends one attempt.
     pub async fn send(&self, msg: Outgoing<'_>) -> Result<Delivered, DeliveryError> {
         let req = parse_payload(msg.payload)?;

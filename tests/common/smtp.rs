@@ -29,6 +29,8 @@ pub enum Answer {
     Drop,
     /// Never answer; keep the connection open.
     Silence,
+    /// The normal positive reply, after this long (a slow relay).
+    Late(Duration),
 }
 
 /// A reply line.
@@ -254,13 +256,17 @@ async fn answer(w: &mut tokio::net::tcp::OwnedWriteHalf, a: &Answer, ok: &str) -
             std::future::pending::<()>().await;
             false
         }
+        Answer::Late(d) => {
+            tokio::time::sleep(*d).await;
+            w.write_all(format!("{ok}\r\n").as_bytes()).await.is_ok()
+        }
     }
 }
 
 /// Whether an answer accepts (the transaction goes on).
 fn accepts(a: &Answer) -> bool {
     match a {
-        Answer::Ok => true,
+        Answer::Ok | Answer::Late(_) => true,
         Answer::Reply(line) => line.starts_with('2') || line.starts_with('3'),
         _ => false,
     }
