@@ -9,6 +9,11 @@
 //! * The claim loop asks for as many rows as it has free slots, plus up to one batch ahead
 //!   (at most `batch_size` per claim), in one short committed statement; a row claimed
 //!   ahead waits in its task for a slot. No transaction is open while a message is sent.
+//! * A channel that bounds its own sends (e-mail: the relay's connections) is claimed in a
+//!   lane of its own, never past that bound.
+//! * An attempt starts only when its whole timeout, and a margin, still fit in the lease
+//!   ([`WorkerConfig::attempt_fits`]); a row that waited too long is released unsent, so a
+//!   lease never runs out while its request is in flight.
 //! * Each delivery runs in its own task holding a semaphore permit; its result goes through
 //!   [`decide`] and then to the completer.
 //! * The completer writes every completion that is waiting in one fenced statement, so
