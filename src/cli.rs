@@ -566,7 +566,7 @@ async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> {
     let channels: Vec<&String> = st.by_channel.keys().collect();
     out_part!("{:<10} {:>10}", "state", "total");
     for c in &channels {
-        out_part!(" {:>10}", c);
+        out_part!(" {:>10}", esc(c));
     }
     out!();
     for state in crate::state::State::ALL {
@@ -578,6 +578,12 @@ async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> {
     }
     out!("oldest due message: {:.1}s", st.oldest_due_seconds);
     Ok(())
+}
+
+/// Stored text (a key, an error, a payload) as text output prints it: control characters,
+/// bidi overrides and the like as visible escapes ([`crate::text::escape`]).
+fn esc(s: &str) -> String {
+    crate::text::escape(s).into_owned()
 }
 
 /// Prints a table: a header row, then rows, columns padded to their widest cell.
@@ -628,12 +634,12 @@ async fn dead(args: DeadArgs, env: &Env) -> Result<(), CliError> {
         .map(|d| {
             vec![
                 d.id.to_string(),
-                d.message_key.clone(),
-                d.channel.clone(),
+                esc(&d.message_key),
+                esc(&d.channel),
                 d.attempts.to_string(),
-                d.error_class.clone().unwrap_or_default(),
+                esc(d.error_class.as_deref().unwrap_or_default()),
                 d.dead_at.clone(),
-                d.last_error.clone().unwrap_or_default(),
+                esc(d.last_error.as_deref().unwrap_or_default()),
             ]
         })
         .collect();
@@ -662,10 +668,10 @@ async fn show(args: ShowArgs, env: &Env) -> Result<(), CliError> {
     if args.json {
         return json_out(&detail);
     }
-    let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
-    out!("message {} ({})", detail.id, detail.message_key);
-    out!("  channel      {}", detail.channel);
-    out!("  state        {}", detail.state);
+    let opt = |o: &Option<String>| o.as_deref().map_or_else(|| "-".into(), esc);
+    out!("message {} ({})", detail.id, esc(&detail.message_key));
+    out!("  channel      {}", esc(&detail.channel));
+    out!("  state        {}", esc(&detail.state));
     out!(
         "  attempts     {}/{} (retry ambiguous: {})",
         detail.attempts,
@@ -695,10 +701,11 @@ async fn show(args: ShowArgs, env: &Env) -> Result<(), CliError> {
             opt(&detail.last_error)
         );
     }
+    // serde_json escapes C0 controls in strings, not DEL, C1 or bidi overrides.
     if let Some(r) = &detail.response {
-        out!("  response     {r}");
+        out!("  response     {}", esc(&r.to_string()));
     }
-    out!("  payload      {}", detail.payload);
+    out!("  payload      {}", esc(&detail.payload.to_string()));
     out!();
     if detail.history.is_empty() {
         out!("no attempts yet");
@@ -710,7 +717,7 @@ async fn show(args: ShowArgs, env: &Env) -> Result<(), CliError> {
         .map(|a| {
             vec![
                 a.attempt.to_string(),
-                a.outcome.clone(),
+                esc(&a.outcome),
                 opt(&a.error_class),
                 a.status
                     .map(|s| s.to_string())
@@ -770,12 +777,13 @@ async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> {
         })?;
     for (id, key) in &replayed {
         out!(
-            "{} {id} {key}",
+            "{} {id} {}",
             if args.dry_run {
                 "would replay"
             } else {
                 "replayed"
-            }
+            },
+            esc(key)
         );
     }
     if args.dry_run {

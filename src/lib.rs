@@ -26,6 +26,7 @@
 //! * [`metrics`]: Prometheus metrics and the health endpoint.
 //! * [`config`]: the worker's settings, parsed and validated once at start-up.
 //! * [`db`]: connections and the pool.
+//! * [`text`]: stored text made safe to print (control characters as visible escapes).
 
 pub mod claim;
 pub mod cli;
@@ -40,6 +41,7 @@ pub mod queries;
 pub mod retry;
 pub mod state;
 pub mod status;
+pub mod text;
 pub mod worker;
 
 pub use deliver::Channel;

@@ -30,7 +30,12 @@ fn main() -> ExitCode {
                 _ => {
                     // One line: clap's first line names the problem; the usage block
                     // that follows it is what --help is for.
-                    eprintln!("{} (see outboxd --help)", usage_line(&e));
+                    // clap echoes the offending argument, which may be a key holding
+                    // control characters.
+                    eprintln!(
+                        "{} (see outboxd --help)",
+                        outboxd::text::escape(&usage_line(&e))
+                    );
                     ExitCode::from(2)
                 }
             };
@@ -93,9 +98,72 @@ fn init_logging(daemon: bool) -> anyhow::Result<()> {
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match std::env::var("OUTBOXD_LOG_FORMAT").as_deref() {
+        // JSON escapes control characters itself.
         Ok("json") => builder.json().init(),
-        Ok("text") | Err(_) | Ok("") => builder.init(),
+        Ok("text") | Err(_) | Ok("") => builder.fmt_fields(EscapedFields).init(),
         Ok(other) => anyhow::bail!("OUTBOXD_LOG_FORMAT must be text or json (got {other:?})"),
     }
     Ok(())
+}
+
+/// The text log's fields, as tracing-subscriber's default writes them (`message` bare, then
+/// `name=value`, string values quoted), but every value passed through
+/// [`outboxd::text::escape`]: a field that displays stored text (`key = %…`, an error that
+/// quotes a server's reply) can neither start a new line, which would forge a log line,
+/// nor send a terminal escape (the default sanitises some escapes, not newlines).
+struct EscapedFields;
+
+impl<'w> tracing_subscriber::fmt::FormatFields<'w> for EscapedFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        writer: tracing_subscriber::fmt::format::Writer<'w>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut visitor = EscapingVisitor {
+            writer,
+            first: true,
+            result: Ok(()),
+        };
+        fields.record(&mut visitor);
+        visitor.result
+    }
+}
+
+struct EscapingVisitor<'w> {
+    writer: tracing_subscriber::fmt::format::Writer<'w>,
+    first: bool,
+    result: std::fmt::Result,
+}
+
+impl tracing::field::Visit for EscapingVisitor<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.record_debug(field, &format_args!("{value}"));
+        } else {
+            self.record_debug(field, &value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let name = field.name();
+        // Metadata of `log` records, already shown in the line's prefix.
+        if self.result.is_err() || name.starts_with("log.") {
+            return;
+        }
+        let text = format!("{value:?}");
+        let shown = outboxd::text::escape(&text);
+        let pad = if std::mem::take(&mut self.first) {
+            ""
+        } else {
+            " "
+        };
+        self.result = match name {
+            "message" => write!(self.writer, "{pad}{shown}"),
+            name => write!(
+                self.writer,
+                "{pad}{}={shown}",
+                name.strip_prefix("r#").unwrap_or(name)
+            ),
+        };
+    }
 }

@@ -145,8 +145,9 @@ pub struct AttemptRecord {
     pub deduplicated: bool,
 }
 
-/// A message and its history, as `outboxd show --json` prints it. Header values in the
-/// payload are redacted (they often carry credentials).
+/// A message and its history, as `outboxd show --json` prints it. The payload is redacted
+/// by [`redact_payload`] (header values, a URL's user info, path and query, e-mail
+/// addresses, subject and bodies).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MessageDetail {
     /// The message id.
@@ -163,7 +164,7 @@ pub struct MessageDetail {
     pub max_attempts: i32,
     /// May an ambiguous failure be retried?
     pub retry_ambiguous: bool,
-    /// The payload, header values redacted.
+    /// The payload, redacted by [`redact_payload`].
     pub payload: serde_json::Value,
     /// Not claimed before this.
     pub run_after: String,
@@ -189,27 +190,77 @@ pub struct MessageDetail {
     pub history: Vec<AttemptRecord>,
 }
 
-/// Replaces the values of `payload.headers` with `[redacted]`, and the password and query
-/// of `payload.url` (where tokens and credentials usually sit); the path is kept so that an
-/// operator can tell endpoints apart.
-pub fn redact_payload(mut payload: serde_json::Value) -> serde_json::Value {
-    if let Some(headers) = payload.get_mut("headers").and_then(|h| h.as_object_mut()) {
-        for v in headers.values_mut() {
-            *v = serde_json::Value::String("[redacted]".into());
-        }
-    }
-    if let Some(serde_json::Value::String(url)) = payload.get_mut("url") {
-        if let Ok(mut parsed) = url::Url::parse(url) {
-            if parsed.password().is_some() {
-                let _ = parsed.set_password(Some("redacted"));
+/// The payload as `outboxd show` prints it, keeping no more than the logs and
+/// `outbox.attempts` do (README, "Logs"):
+///
+/// * every header value is `[redacted]` (the names are kept);
+/// * a webhook's `url` is reduced to its scheme, host and port, as errors name a
+///   destination: no user name or password, path, query or fragment (tokens sit there);
+///   `/[redacted]` marks that there was more. A URL that does not parse is not shown at all;
+/// * an e-mail shows no address, subject or body: each field becomes a count
+///   (`[redacted: 2 addresses]`, `[redacted: 42 characters]`).
+///
+/// A webhook's `body` and `method` are shown: an operator needs them to judge a replay.
+pub fn redact_payload(channel: &str, mut payload: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    let Some(fields) = payload.as_object_mut() else {
+        return Value::String("[redacted]".into());
+    };
+    for (name, value) in fields.iter_mut() {
+        *value = match (name.as_str(), value.take()) {
+            ("headers", Value::Object(mut headers)) => {
+                for v in headers.values_mut() {
+                    *v = Value::String("[redacted]".into());
+                }
+                Value::Object(headers)
             }
-            if parsed.query().is_some() {
-                parsed.set_query(Some("redacted"));
+            ("headers", Value::Null) => Value::Null,
+            ("headers", _) => Value::String("[redacted]".into()),
+            ("url", url) if channel == "webhook" => Value::String(redact_url(&url)),
+            (_, v) if channel == "webhook" => v,
+            (_, Value::Null) => Value::Null,
+            ("from" | "to" | "cc" | "bcc" | "reply_to", v) => {
+                let n = match &v {
+                    Value::Array(a) => a.len(),
+                    _ => 1,
+                };
+                Value::String(format!(
+                    "[redacted: {n} address{}]",
+                    if n == 1 { "" } else { "es" }
+                ))
             }
-            *url = parsed.to_string();
-        }
+            (_, Value::String(text)) => {
+                let n = text.chars().count();
+                Value::String(format!(
+                    "[redacted: {n} character{}]",
+                    if n == 1 { "" } else { "s" }
+                ))
+            }
+            (_, _) => Value::String("[redacted]".into()),
+        };
     }
     payload
+}
+
+/// A webhook URL as errors and logs name its destination: `scheme://host[:port]/`, and
+/// `[redacted]` after it when the URL had a path, query or fragment.
+fn redact_url(url: &serde_json::Value) -> String {
+    let Some(text) = url.as_str() else {
+        return "[redacted: not a string]".into();
+    };
+    let Ok(parsed) = url::Url::parse(text) else {
+        return "[redacted: not a valid URL]".into();
+    };
+    let Some(host) = parsed.host_str() else {
+        return format!("{}:[redacted]", parsed.scheme());
+    };
+    let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let more = parsed.path() != "/" || parsed.query().is_some() || parsed.fragment().is_some();
+    format!(
+        "{}://{host}{port}/{}",
+        parsed.scheme(),
+        if more { "[redacted]" } else { "" }
+    )
 }
 
 /// Resolves targets to `(id, key)`; the ones that match nothing are returned apart.
@@ -284,7 +335,7 @@ pub async fn show<C: GenericClient>(
         attempts: r.get(4),
         max_attempts: r.get(5),
         retry_ambiguous: r.get(6),
-        payload: redact_payload(r.get(7)),
+        payload: redact_payload(r.get(2), r.get(7)),
         run_after: ts(8).unwrap_or_default(),
         lease_owner: r.get(9),
         lease_expires_at: ts(10),
@@ -481,11 +532,51 @@ mod tests {
     }
 
     #[test]
-    fn header_values_are_redacted() {
+    fn payloads_are_redacted_as_the_logs_name_things() {
         let p = serde_json::json!({"url": "https://u:pw@x.example/hooks/a?token=t0k", "headers": {"Authorization": "Bearer s3cret"}, "body": 1});
-        let r = redact_payload(p);
+        let r = redact_payload("webhook", p);
         assert_eq!(r["headers"]["Authorization"], "[redacted]");
-        assert_eq!(r["url"], "https://u:redacted@x.example/hooks/a?redacted");
+        assert_eq!(r["url"], "https://x.example/[redacted]");
         assert_eq!(r["body"], 1);
+        for (url, shown) in [
+            (
+                "http://TOKEN@h.example/p?q=SECRET",
+                "http://h.example/[redacted]",
+            ),
+            ("http://h.example:8080", "http://h.example:8080/"),
+            ("https://h.example/", "https://h.example/"),
+            ("https://h.example/#frag", "https://h.example/[redacted]"),
+            ("http://[::1]:9/x", "http://[::1]:9/[redacted]"),
+            (
+                "http://bad host/?token=SECRET",
+                "[redacted: not a valid URL]",
+            ),
+            ("mailto:SECRET@h.example", "mailto:[redacted]"),
+        ] {
+            let r = redact_payload("webhook", serde_json::json!({ "url": url }));
+            assert_eq!(r["url"], shown, "{url}");
+        }
+        let r = redact_payload(
+            "webhook",
+            serde_json::json!({"url": {"token": "SECRET"}, "headers": "SECRET"}),
+        );
+        assert_eq!(
+            r,
+            serde_json::json!({"url": "[redacted: not a string]", "headers": "[redacted]"})
+        );
+        let r = redact_payload(
+            "email",
+            serde_json::json!({"from": "A <a@x.example>", "to": ["b@x.example", "c@x.example"],
+                "cc": [], "bcc": null, "reply_to": "r@x.example", "subject": "Hi there",
+                "text": "T", "html": "<p>H</p>", "headers": {"X-Trace": "SECRET"}, "other": {"k": 1}}),
+        );
+        assert_eq!(
+            r,
+            serde_json::json!({"from": "[redacted: 1 address]", "to": "[redacted: 2 addresses]",
+                "cc": "[redacted: 0 addresses]", "bcc": null, "reply_to": "[redacted: 1 address]",
+                "subject": "[redacted: 8 characters]", "text": "[redacted: 1 character]",
+                "html": "[redacted: 8 characters]", "headers": {"X-Trace": "[redacted]"},
+                "other": "[redacted]"})
+        );
     }
 }

@@ -388,7 +388,7 @@ fn log_gave_up(shared: &Shared, gave_up: &[claim::GaveUp]) {
     for g in gave_up {
         tracing::warn!(
             message_id = g.id,
-            key = %g.key,
+            key = %crate::text::Escaped(&g.key),
             channel = %g.channel,
             attempt = %format_args!("{}/{}", g.attempt, g.max_attempts),
             outcome = "dead",
@@ -682,13 +682,13 @@ fn log_attempts(
         let duration_ms = l.duration.as_millis() as u64;
         match outcome {
             AttemptOutcome::Delivered | AttemptOutcome::Retry => tracing::info!(
-                message_id = c.id, key = %l.key, channel = %l.channel, attempt = %attempt,
+                message_id = c.id, key = %crate::text::Escaped(&l.key), channel = %l.channel, attempt = %attempt,
                 outcome = outcome.as_str(), error_class = class, status = c.status,
                 duration_ms, deduplicated = c.deduplicated, error = c.error.as_deref(),
                 "attempt finished"
             ),
             _ => tracing::warn!(
-                message_id = c.id, key = %l.key, channel = %l.channel, attempt = %attempt,
+                message_id = c.id, key = %crate::text::Escaped(&l.key), channel = %l.channel, attempt = %attempt,
                 outcome = outcome.as_str(), error_class = class, status = c.status,
                 duration_ms, deduplicated = c.deduplicated, error = c.error.as_deref(),
                 "attempt finished"

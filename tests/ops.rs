@@ -505,3 +505,113 @@ async fn bounded_counts_are_exact_below_the_cap_and_estimated_above() {
     let full = outboxd::status::status(&c).await.unwrap();
     assert_eq!(full.total, exact.counts);
 }
+
+/// A forged log line and terminal escapes planted in message keys (as rows inserted before
+/// enqueue refused control characters may hold): the daemon's log and the operator
+/// commands' text output print them as visible escapes, never raw, so no line of output
+/// begins with the forged text and the terminal receives no ESC, BEL, C1 or bidi override;
+/// `--json` still carries the exact key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_characters_in_keys_are_escaped_in_logs_and_text_output() {
+    const FORGED: &str = "FORGED 2026-12-03T00:00:00.000000Z  INFO outboxd::worker: attempt finished outcome=\"delivered\"";
+    let db = TestDb::new().await;
+    let first_key = format!("ctl:1\n{FORGED}\x1b]0;pwned\x07");
+    let dead_key = format!("ctl:2\r\n{FORGED}\x1b[2J\u{9b}31m\u{202e}\x7f");
+    // Bypass the insert trigger (and whatever it may refuse): the rows are old ones.
+    let c = db.client().await;
+    c.batch_execute("ALTER TABLE outbox.messages DISABLE TRIGGER USER")
+        .await
+        .unwrap();
+    // Such a key cannot go into an Idempotency-Key header: the worker dead-letters the
+    // message `invalid` before any request (port 9 on loopback is never reached).
+    for key in [&first_key, &dead_key] {
+        let payload = serde_json::json!({"url": "http://127.0.0.1:9/h", "body": {"n": 1}});
+        c.execute(
+            "INSERT INTO outbox.messages (message_key, channel, payload, request_hash) \
+             VALUES ($1, 'webhook', $2, outbox.request_hash('webhook', $2))",
+            &[key, &payload],
+        )
+        .await
+        .unwrap();
+    }
+    c.batch_execute("ALTER TABLE outbox.messages ENABLE TRIGGER USER")
+        .await
+        .unwrap();
+
+    let run = common::binary::run_within(
+        common::binary::outboxd(Some(&db.url()))
+            .args(["run", "--drain", "--poll-interval", "100ms"])
+            .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true"),
+        Duration::from_secs(30),
+    );
+    assert_eq!(run.code, Some(0), "run --drain: {}", run.stderr);
+    assert_eq!(row(&db, &first_key).await.state, "dead");
+    let dead = row(&db, &dead_key).await;
+    assert_eq!(
+        (dead.state.as_str(), dead.error_class.as_deref()),
+        ("dead", Some("invalid"))
+    );
+    // The attempts were logged, with the keys escaped.
+    assert!(
+        run.stderr.contains(r"ctl:1\nFORGED") && run.stderr.contains(r"ctl:2\r\nFORGED"),
+        "{}",
+        run.stderr
+    );
+
+    let unsafe_chars = ['\x1b', '\x07', '\r', '\u{9b}', '\u{202e}', '\x7f'];
+    let check = |what: &str, text: &str| {
+        for ch in unsafe_chars {
+            assert!(!text.contains(ch), "{what}: raw {ch:?} in {text:?}");
+        }
+        for line in text.lines() {
+            assert!(
+                !line.trim_start().starts_with("FORGED"),
+                "{what}: a line begins with the forged text: {text:?}"
+            );
+        }
+    };
+    check("run stderr", &run.stderr);
+
+    let (code, out, err) = cli(&db, &["dead"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(r"ctl:2\r\nFORGED"), "{out}");
+    check("dead stdout", &out);
+    check("dead stderr", &err);
+    for target in [dead.id.to_string(), dead_key.clone()] {
+        let (code, out, err) = cli(&db, &["show", &target]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains(r"ctl:2\r\nFORGED"), "{out}");
+        check("show stdout", &out);
+        check("show stderr", &err);
+    }
+    let (code, out, err) = cli(&db, &["replay", &dead_key, "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(r"would replay 2 ctl:2\r\nFORGED"), "{out}");
+    check("replay stdout", &out);
+    check("replay stderr", &err);
+    // A usage error echoes the argument: escaped too.
+    let (code, _, err) = cli(&db, &["replay", "--dry-run", &dead_key]);
+    assert_eq!(code, 2, "{err}");
+    check("usage error stderr", &err);
+    // A refusal names the key on stderr: escaped too.
+    c.execute(
+        "UPDATE outbox.messages SET state = 'pending', dead_at = NULL WHERE message_key = $1",
+        &[&first_key],
+    )
+    .await
+    .unwrap();
+    let (code, out, err) = cli(&db, &["replay", &first_key]);
+    assert_eq!(code, 1, "{out}");
+    check("refused replay stderr", &err);
+
+    // JSON is escaped by the encoder and carries the exact key.
+    let (code, out, _) = cli(&db, &["show", &dead.id.to_string(), "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["message_key"].as_str(), Some(dead_key.as_str()));
+    let (code, out, _) = cli(&db, &["dead", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["message_key"].as_str(), Some(dead_key.as_str()));
+    assert_eq!(v.as_array().map(Vec::len), Some(1));
+}

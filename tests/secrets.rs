@@ -339,13 +339,13 @@ fn assert_outputs_clean(s: &Scenario, skip: &[&str]) {
 async fn no_secret_in_trace_logs_text_or_in_the_database() {
     let s = scenario("text").await;
     assert_database_clean(&s.db).await;
-    // `show` prints the payload (body and URL included) to the operator on purpose; its
-    // header values are redacted, which is checked below.
+    // `show` prints a webhook's body to the operator on purpose; its header values and the
+    // URL's user info, path and query are redacted, which is checked below.
     assert_outputs_clean(&s, &["show leak:400", "show leak:crlf --json"]);
     for (what, out) in &s.outputs {
         if what.starts_with("show") {
-            // Header values, the URL's password and its query are redacted.
-            for mark in [HEADER_MARK, USERINFO_MARK, QUERY_MARK] {
+            // Header values, the URL's user info, path and query are redacted.
+            for mark in [HEADER_MARK, USERINFO_MARK, QUERY_MARK, PATH_MARK] {
                 assert!(
                     !out.stdout.contains(mark),
                     "{what}: {mark} in {}",
@@ -354,8 +354,8 @@ async fn no_secret_in_trace_logs_text_or_in_the_database() {
             }
             assert!(!out.stdout.contains(DB_PASSWORD), "{what}");
             assert!(out.stdout.contains("[redacted]"), "{what}: {}", out.stdout);
-            // The operator sees the body and URL on purpose; that the detector finds them
-            // there shows it would find them anywhere else.
+            // The operator sees the body on purpose; that the detector finds it there
+            // shows it would find it anywhere else.
             assert!(
                 !leaks(&out.stdout).is_empty(),
                 "{what}: detector self-check"
@@ -446,4 +446,99 @@ fn configuration_errors_do_not_echo_secrets() {
             .collect();
         assert!(found.is_empty(), "{args:?}: {found:?}");
     }
+}
+
+/// `outboxd show` (text and `--json`) and `outboxd dead` print a webhook URL as the logs
+/// name it (scheme, host and port: no user name, password, path or query), an unparseable
+/// URL not at all, and nothing of an e-mail's addresses, subject or body (counts only).
+#[tokio::test]
+async fn show_and_dead_print_no_url_userinfo_path_or_query_and_no_email_content() {
+    const MARKS: [&str; 13] = [
+        "USERNAMETOKEN",
+        "URLPATHSECRET",
+        "URLQUERYSECRET",
+        "UNPARSEABLESECRET",
+        "FROMSECRET",
+        "TOSECRET",
+        "CCSECRET",
+        "BCCSECRET",
+        "REPLYSECRET",
+        "SUBJECTSECRET",
+        "TEXTSECRET",
+        "HTMLSECRET",
+        "EMAILHEADERSECRET",
+    ];
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let messages = [
+        outboxd::NewMessage::webhook(
+            "redact:userinfo",
+            json!({"url": "http://USERNAMETOKEN@hooks.example.com:8443/p/URLPATHSECRET?q=URLQUERYSECRET#URLPATHSECRET", "body": {"n": 1}}),
+        ),
+        outboxd::NewMessage::webhook(
+            "redact:unparseable",
+            json!({"url": "http://hooks example.com/x?token=UNPARSEABLESECRET", "body": {"n": 2}}),
+        ),
+        outboxd::NewMessage::email(
+            "redact:email",
+            json!({
+                "from": "Shop <FROMSECRET@example.com>",
+                "to": ["TOSECRET@example.org", "Other <TOSECRET2@example.net>"],
+                "cc": ["CCSECRET@example.org"],
+                "bcc": ["BCCSECRET@example.org"],
+                "reply_to": "REPLYSECRET@example.com",
+                "subject": "Your order SUBJECTSECRET",
+                "text": "Hello TEXTSECRET",
+                "html": "<p>HTMLSECRET</p>",
+                "headers": {"X-Trace": "EMAILHEADERSECRET"},
+            }),
+        ),
+    ];
+    let mut ids = Vec::new();
+    for m in &messages {
+        ids.push(outboxd::enqueue(&c, m).await.unwrap().id);
+    }
+    // Dead, as a worker would have left them, so that `dead` lists them.
+    c.batch_execute(
+        "UPDATE outbox.messages SET state = 'dead', attempts = 1, error_class = 'invalid', \
+         last_error = 'payload rejected', dead_at = now()",
+    )
+    .await
+    .unwrap();
+
+    let mut runs = vec![
+        vec!["dead".to_owned()],
+        vec!["dead".into(), "--json".into()],
+    ];
+    for (m, id) in messages.iter().zip(&ids) {
+        for target in [m.key().to_owned(), id.to_string()] {
+            runs.push(vec!["show".into(), target.clone()]);
+            runs.push(vec!["show".into(), target, "--json".into()]);
+        }
+    }
+    let mut shown = String::new();
+    for args in &runs {
+        let out = run_binary(
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            &[("DATABASE_URL", db.url())],
+            Duration::from_secs(20),
+        );
+        assert_eq!(out.code, Some(0), "{args:?}: {}", out.stderr);
+        for mark in MARKS {
+            assert!(
+                !out.stdout.contains(mark) && !out.stderr.contains(mark),
+                "{args:?}: {mark} printed:\n{}{}",
+                out.stdout,
+                out.stderr
+            );
+        }
+        if args[0] == "show" {
+            shown.push_str(&out.stdout);
+        }
+    }
+    // What an operator still sees: the destination's host and port, and that there was
+    // more (redacted), so the check above is not vacuous.
+    assert!(shown.contains("http://hooks.example.com:8443/"), "{shown}");
+    assert!(shown.contains("[redacted"), "{shown}");
+    assert!(shown.contains("redact:email"), "{shown}");
 }

@@ -188,3 +188,68 @@ async fn allow_private_networks_lets_loopback_through() {
     assert_eq!(row.attempts, 1);
     assert_eq!(rx.requests().len(), 1);
 }
+
+/// A special-purpose address that is not globally reachable, written as a literal, is
+/// refused by the guard's literal check: dead `invalid` on the first attempt with the
+/// guard's own message (the one written before any connection is made — a connection that
+/// had been tried would have failed as `transient` or `ambiguous` and been retried), and
+/// the same message in the attempt's history.
+async fn refused_before_connecting(key: &str, url: &str, host: &str) {
+    let db = TestDb::new().await;
+    enqueue_webhook(&db, key, url, 3, true).await;
+    let w = RunningWorker::start(
+        &db,
+        test_worker_config("w"),
+        webhook(DestinationPolicy::default()),
+    );
+    let row = wait_for_state(&db, key, "dead", WAIT).await;
+    w.stop().await;
+    let expected = format!("destination not allowed: {host} is a private or reserved address");
+    assert_eq!(
+        (
+            row.error_class.as_deref(),
+            row.attempts,
+            row.last_error.as_deref()
+        ),
+        (Some("invalid"), 1, Some(expected.as_str())),
+        "{url}: {row:?}"
+    );
+    assert_eq!(
+        attempts(&db, key).await,
+        vec![(
+            1,
+            "dead".to_owned(),
+            Some("invalid".to_owned()),
+            None,
+            false
+        )],
+        "{url}"
+    );
+    let stored: Option<String> = db
+        .client()
+        .await
+        .query_one(
+            "SELECT a.error FROM outbox.attempts a JOIN outbox.messages m ON m.id = a.message_id \
+             WHERE m.message_key = $1",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored.as_deref(), Some(expected.as_str()), "{url}");
+}
+
+#[tokio::test]
+async fn ipv4_documentation_literal_is_refused_before_connecting() {
+    refused_before_connecting("ssrf:192.0.2.1", "http://192.0.2.1/hook", "192.0.2.1").await;
+}
+
+#[tokio::test]
+async fn ipv6_documentation_literal_is_refused_before_connecting() {
+    refused_before_connecting(
+        "ssrf:[2001:db8::1]",
+        "http://[2001:db8::1]/hook",
+        "[2001:db8::1]",
+    )
+    .await;
+}

@@ -25,9 +25,23 @@ pub struct BlockedDestination {
 
 /// Is this address one a webhook may never reach by default?
 ///
-/// Loopback, private (RFC 1918), link-local, CGNAT (100.64/10), unique-local (fc00::/7),
-/// multicast, unspecified, broadcast and other reserved ranges; IPv6 forms that embed an
-/// IPv4 address (mapped, compatible, NAT64) are judged by the embedded address.
+/// Every address that is not globally reachable is refused: the semantics of the standard
+/// library's unstable `IpAddr::is_global` (which follows the IANA IPv4 and IPv6
+/// Special-Purpose Address Registries: loopback, private, shared/CGNAT, link-local,
+/// documentation, benchmarking, reserved, broadcast, "this network", the IETF protocol
+/// assignments 192.0.0.0/24 and 2001::/23 but for their globally reachable exceptions,
+/// discard-only 100::/64, 6to4 2002::/16, unique-local, link-local), written out here,
+/// plus what the guard is stricter about:
+///
+/// * multicast (224.0.0.0/4, ff00::/8), deprecated site-local fec0::/10, the deprecated
+///   6to4 relay anycast 192.88.99.0/24, and the registry's newer not-reachable blocks
+///   (documentation 3fff::/20, SRv6 SIDs 5f00::/16, the dummy prefix 100:0:0:1::/64);
+/// * IPv6 forms that embed an IPv4 address the host or a translator would connect to
+///   (IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible `::a.b.c.d`, SIIT `::ffff:0:a.b.c.d`,
+///   NAT64 `64:ff9b::/96`) are judged by the embedded address, and the local-use NAT64
+///   prefix 64:ff9b:1::/48 is refused whole. (For the mapped block this is the one place
+///   the guard is less strict than `is_global`, which refuses all of it: a mapped public
+///   address is as reachable as its IPv4 spelling.)
 pub fn is_forbidden(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => forbidden_v4(v4),
@@ -35,19 +49,49 @@ pub fn is_forbidden(ip: IpAddr) -> bool {
     }
 }
 
+/// `Ipv4Addr::is_global` of the standard library (unstable), written out.
+fn is_global_v4(ip: Ipv4Addr) -> bool {
+    let o = ip.octets();
+    !(o[0] == 0 // "this network", 0.0.0.0/8
+        || ip.is_private() // 10/8, 172.16/12, 192.168/16
+        || (o[0] == 100 && (o[1] & 0b1100_0000) == 0b0100_0000) // shared, 100.64.0.0/10
+        || ip.is_loopback() // 127/8
+        || ip.is_link_local() // 169.254/16
+        // IETF protocol assignments 192.0.0.0/24, but for the two globally reachable
+        // anycast addresses 192.0.0.9 (PCP) and 192.0.0.10 (TURN)
+        || (o[0] == 192 && o[1] == 0 && o[2] == 0 && o[3] != 9 && o[3] != 10)
+        || ip.is_documentation() // 192.0.2/24, 198.51.100/24, 203.0.113/24
+        || (o[0] == 198 && (o[1] & 0xfe) == 18) // benchmarking, 198.18.0.0/15
+        || (o[0] & 0xf0 == 0xf0 && !ip.is_broadcast()) // reserved, 240.0.0.0/4
+        || ip.is_broadcast())
+}
+
 fn forbidden_v4(ip: Ipv4Addr) -> bool {
-    let [a, b, ..] = ip.octets();
-    ip.is_unspecified()
+    let o = ip.octets();
+    !is_global_v4(ip) || ip.is_multicast() || (o[0] == 192 && o[1] == 88 && o[2] == 99) // 6to4 relay anycast, deprecated (RFC 7526)
+}
+
+/// `Ipv6Addr::is_global` of the standard library (unstable), written out.
+fn is_global_v6(ip: Ipv6Addr) -> bool {
+    let seg = ip.segments();
+    let bits = u128::from_be_bytes(ip.octets());
+    !(ip.is_unspecified()
         || ip.is_loopback()
-        || ip.is_private()
-        || ip.is_link_local()
-        || ip.is_multicast()
-        || ip.is_broadcast()
-        || a == 0 // "this network"
-        || (a == 100 && (64..128).contains(&b)) // CGNAT, RFC 6598
-        || (a == 192 && b == 0 && ip.octets()[2] == 0) // IETF protocol assignments
-        || (a == 198 && (b == 18 || b == 19)) // benchmarking, RFC 2544
-        || a >= 240 // reserved, RFC 1112
+        || matches!(seg, [0, 0, 0, 0, 0, 0xffff, _, _]) // IPv4-mapped, ::ffff:0:0/96
+        || matches!(seg, [0x64, 0xff9b, 1, _, _, _, _, _]) // local-use translation, 64:ff9b:1::/48
+        || matches!(seg, [0x100, 0, 0, 0, _, _, _, _]) // discard-only, 100::/64
+        // IETF protocol assignments 2001::/23, but for its globally reachable entries
+        || (matches!(seg, [0x2001, b, _, _, _, _, _, _] if b < 0x200)
+            && !(bits == 0x2001_0001_0000_0000_0000_0000_0000_0001 // PCP anycast 2001:1::1
+                || bits == 0x2001_0001_0000_0000_0000_0000_0000_0002 // TURN anycast 2001:1::2
+                || matches!(seg, [0x2001, 3, _, _, _, _, _, _]) // AMT 2001:3::/32
+                || matches!(seg, [0x2001, 4, 0x112, _, _, _, _, _]) // AS112-v6 2001:4:112::/48
+                // ORCHIDv2 2001:20::/28 and DETs 2001:30::/28
+                || matches!(seg, [0x2001, b, _, _, _, _, _, _] if (0x20..=0x3f).contains(&b))))
+        || seg[0] == 0x2002 // 6to4, 2002::/16 (not said to be globally reachable)
+        || (seg[0] == 0x2001 && seg[1] == 0xdb8) // documentation, 2001:db8::/32
+        || (seg[0] & 0xfe00) == 0xfc00 // unique local, fc00::/7
+        || (seg[0] & 0xffc0) == 0xfe80) // link-local unicast, fe80::/10
 }
 
 fn v4_of(hi: u16, lo: u16) -> Ipv4Addr {
@@ -57,45 +101,30 @@ fn v4_of(hi: u16, lo: u16) -> Ipv4Addr {
 }
 
 fn forbidden_v6(ip: Ipv6Addr) -> bool {
+    let seg = ip.segments();
+    // IPv4-mapped (::ffff:0:0/96): a connection to it is a connection to the IPv4 address,
+    // so that address decides (the standard library calls the whole block not global; a
+    // mapped public address is allowed here, as its IPv4 spelling is).
     if let Some(v4) = ip.to_ipv4_mapped() {
         return forbidden_v4(v4);
     }
-    let seg = ip.segments();
-    // IPv4-compatible (::a.b.c.d, deprecated) and NAT64 (64:ff9b::/96) embed an IPv4 address.
-    if seg[..6] == [0, 0, 0, 0, 0, 0] && !(seg[6] == 0 && seg[7] <= 1) {
-        return forbidden_v4(Ipv4Addr::new(
-            (seg[6] >> 8) as u8,
-            seg[6] as u8,
-            (seg[7] >> 8) as u8,
-            seg[7] as u8,
-        ));
-    }
-    if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-        return forbidden_v4(Ipv4Addr::new(
-            (seg[6] >> 8) as u8,
-            seg[6] as u8,
-            (seg[7] >> 8) as u8,
-            seg[7] as u8,
-        ));
-    }
-    // SIIT (::ffff:0:a.b.c.d) embeds an IPv4 address; so does 6to4 (2002:AABB:CCDD::/48).
-    if seg[..6] == [0, 0, 0, 0, 0xffff, 0] {
-        return forbidden_v4(v4_of(seg[6], seg[7]));
-    }
-    if seg[0] == 0x2002 {
-        return forbidden_v4(v4_of(seg[1], seg[2]));
-    }
-    // Local-use NAT64 (64:ff9b:1::/48, RFC 8215) translates to whatever the site chose:
-    // refuse the whole prefix.
-    if seg[..3] == [0x64, 0xff9b, 1] {
+    if !is_global_v6(ip) {
         return true;
     }
-    ip.is_unspecified()
-        || ip.is_loopback()
-        || ip.is_multicast()
-        || (seg[0] & 0xfe00) == 0xfc00 // unique local fc00::/7
-        || (seg[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
+    // Forms a host or a translator turns into an IPv4 destination are judged by that
+    // destination: IPv4-compatible (::a.b.c.d, deprecated; :: and ::1 were refused above),
+    // SIIT (::ffff:0:a.b.c.d) and NAT64 (64:ff9b::/96, globally reachable as a prefix).
+    if seg[..6] == [0, 0, 0, 0, 0, 0]
+        || seg[..6] == [0, 0, 0, 0, 0xffff, 0]
+        || seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+    {
+        return forbidden_v4(v4_of(seg[6], seg[7]));
+    }
+    ip.is_multicast() // ff00::/8
         || (seg[0] & 0xffc0) == 0xfec0 // site-local fec0::/10 (deprecated)
+        || (seg[0] == 0x3fff && seg[1] < 0x1000) // documentation, 3fff::/20 (RFC 9637)
+        || seg[0] == 0x5f00 // SRv6 SIDs, 5f00::/16 (RFC 9602)
+        || matches!(seg, [0x100, 0, 0, 1, _, _, _, _]) // dummy prefix, 100:0:0:1::/64
 }
 
 /// The policy applied to one request.
@@ -216,52 +245,272 @@ mod tests {
         s.parse().expect("test address")
     }
 
-    #[test]
-    fn forbidden_ranges() {
-        for s in [
-            "127.0.0.1",
-            "127.1.2.3",
-            "10.0.0.1",
-            "172.16.0.1",
-            "172.31.255.255",
-            "192.168.1.1",
-            "169.254.169.254",
-            "100.64.0.1",
-            "100.127.255.255",
-            "0.0.0.0",
-            "0.1.2.3",
-            "224.0.0.1",
-            "255.255.255.255",
-            "240.0.0.1",
-            "198.18.0.1",
-            "192.0.0.8",
-            "::1",
-            "::",
-            "fc00::1",
-            "fd12:3456::1",
-            "fe80::1",
-            "ff02::1",
-            "::ffff:127.0.0.1",
-            "::ffff:10.1.2.3",
-            "::127.0.0.1",
-            "64:ff9b::a9fe:a9fe",
-            "fec0::1",
-        ] {
-            assert!(is_forbidden(ip(s)), "{s} should be forbidden");
-        }
-        for s in [
-            "93.184.216.34",
-            "8.8.8.8",
-            "1.1.1.1",
-            "172.32.0.1",
-            "100.128.0.1",
-            "192.0.2.1",
-            "2606:4700::1111",
+    /// Addresses of every IANA special-purpose block whose "Globally Reachable" is False (or
+    /// N/A), first, last and notable addresses, with the block; and what the guard refuses
+    /// beyond the registry.
+    const REFUSED: &[(&str, &str)] = &[
+        // IANA IPv4 Special-Purpose Address Registry, Globally Reachable False
+        ("0.0.0.0", "0.0.0.0/8 this network (0.0.0.0/32 this host)"),
+        ("0.1.2.3", "0.0.0.0/8 this network"),
+        ("0.255.255.255", "0.0.0.0/8 this network"),
+        ("10.0.0.0", "10.0.0.0/8 private"),
+        ("10.255.255.255", "10.0.0.0/8 private"),
+        ("100.64.0.0", "100.64.0.0/10 shared address space"),
+        ("100.127.255.255", "100.64.0.0/10 shared address space"),
+        ("127.0.0.1", "127.0.0.0/8 loopback"),
+        ("127.255.255.255", "127.0.0.0/8 loopback"),
+        ("169.254.0.0", "169.254.0.0/16 link local"),
+        ("169.254.169.254", "169.254.0.0/16 link local"),
+        ("169.254.255.255", "169.254.0.0/16 link local"),
+        ("172.16.0.0", "172.16.0.0/12 private"),
+        ("172.31.255.255", "172.16.0.0/12 private"),
+        ("192.0.0.0", "192.0.0.0/24 IETF protocol assignments"),
+        ("192.0.0.7", "192.0.0.0/29 IPv4 service continuity prefix"),
+        ("192.0.0.8", "192.0.0.8/32 IPv4 dummy address"),
+        ("192.0.0.11", "192.0.0.0/24 IETF protocol assignments"),
+        ("192.0.0.170", "192.0.0.170/32 NAT64/DNS64 discovery"),
+        ("192.0.0.171", "192.0.0.171/32 NAT64/DNS64 discovery"),
+        ("192.0.0.255", "192.0.0.0/24 IETF protocol assignments"),
+        ("192.0.2.0", "192.0.2.0/24 documentation (TEST-NET-1)"),
+        ("192.0.2.1", "192.0.2.0/24 documentation (TEST-NET-1)"),
+        ("192.0.2.255", "192.0.2.0/24 documentation (TEST-NET-1)"),
+        ("192.168.0.0", "192.168.0.0/16 private"),
+        ("192.168.255.255", "192.168.0.0/16 private"),
+        ("198.18.0.0", "198.18.0.0/15 benchmarking"),
+        ("198.19.255.255", "198.18.0.0/15 benchmarking"),
+        ("198.51.100.0", "198.51.100.0/24 documentation (TEST-NET-2)"),
+        (
+            "198.51.100.255",
+            "198.51.100.0/24 documentation (TEST-NET-2)",
+        ),
+        ("203.0.113.0", "203.0.113.0/24 documentation (TEST-NET-3)"),
+        ("203.0.113.255", "203.0.113.0/24 documentation (TEST-NET-3)"),
+        ("240.0.0.0", "240.0.0.0/4 reserved"),
+        ("255.255.255.254", "240.0.0.0/4 reserved"),
+        ("255.255.255.255", "255.255.255.255/32 limited broadcast"),
+        // Deprecated 6to4 relay anycast (RFC 7526; the registry says N/A): refused whole.
+        (
+            "192.88.99.0",
+            "192.88.99.0/24 deprecated 6to4 relay anycast",
+        ),
+        (
+            "192.88.99.1",
+            "192.88.99.0/24 deprecated 6to4 relay anycast",
+        ),
+        (
+            "192.88.99.255",
+            "192.88.99.0/24 deprecated 6to4 relay anycast",
+        ),
+        // The guard also refuses multicast.
+        ("224.0.0.1", "224.0.0.0/4 multicast"),
+        ("239.255.255.255", "224.0.0.0/4 multicast"),
+        // IANA IPv6 Special-Purpose Address Registry, Globally Reachable False (or N/A)
+        ("::", "::/128 unspecified"),
+        ("::1", "::1/128 loopback"),
+        ("::ffff:0.0.0.0", "::ffff:0:0/96 IPv4-mapped"),
+        ("::ffff:127.0.0.1", "::ffff:0:0/96 IPv4-mapped"),
+        ("::ffff:10.1.2.3", "::ffff:0:0/96 IPv4-mapped"),
+        ("::ffff:255.255.255.255", "::ffff:0:0/96 IPv4-mapped"),
+        (
+            "64:ff9b:1::",
+            "64:ff9b:1::/48 local-use IPv4/IPv6 translation",
+        ),
+        (
+            "64:ff9b:1:ffff:ffff:ffff:ffff:ffff",
+            "64:ff9b:1::/48 local-use translation",
+        ),
+        ("100::", "100::/64 discard-only"),
+        ("100::ffff:ffff:ffff:ffff", "100::/64 discard-only"),
+        ("100:0:0:1::1", "100:0:0:1::/64 dummy prefix"),
+        (
+            "2001::",
+            "2001::/23 IETF protocol assignments (2001::/32 TEREDO: N/A)",
+        ),
+        ("2001::1", "2001::/32 TEREDO"),
+        ("2001:0:ffff:ffff:ffff:ffff:ffff:ffff", "2001::/32 TEREDO"),
+        ("2001:1::", "2001::/23 IETF protocol assignments"),
+        ("2001:1::3", "2001::/23 IETF protocol assignments"),
+        ("2001:2::", "2001:2::/48 benchmarking"),
+        (
+            "2001:2:0:ffff:ffff:ffff:ffff:ffff",
+            "2001:2::/48 benchmarking",
+        ),
+        ("2001:2:1::1", "2001::/23 IETF protocol assignments"),
+        ("2001:4::1", "2001::/23 IETF protocol assignments"),
+        ("2001:4:113::1", "2001::/23 IETF protocol assignments"),
+        ("2001:10::1", "2001:10::/28 deprecated ORCHID (N/A)"),
+        ("2001:1f:ffff::1", "2001:10::/28 deprecated ORCHID (N/A)"),
+        ("2001:40::1", "2001::/23 IETF protocol assignments"),
+        (
+            "2001:1ff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "2001::/23 IETF protocol assignments",
+        ),
+        ("2001:db8::", "2001:db8::/32 documentation"),
+        ("2001:db8::1", "2001:db8::/32 documentation"),
+        (
+            "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff",
+            "2001:db8::/32 documentation",
+        ),
+        ("2002::", "2002::/16 6to4 (N/A)"),
+        (
+            "2002:808:808::1",
+            "2002::/16 6to4 (N/A), even of a public IPv4",
+        ),
+        ("2002:7f00:1::1", "2002::/16 6to4 of 127.0.0.1"),
+        (
+            "2002:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "2002::/16 6to4 (N/A)",
+        ),
+        ("3fff::", "3fff::/20 documentation"),
+        (
+            "3fff:fff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "3fff::/20 documentation",
+        ),
+        ("5f00::1", "5f00::/16 segment routing (SRv6) SIDs"),
+        (
+            "5f00:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "5f00::/16 SRv6 SIDs",
+        ),
+        ("fc00::", "fc00::/7 unique local"),
+        ("fd12:3456::1", "fc00::/7 unique local"),
+        (
+            "fdff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "fc00::/7 unique local",
+        ),
+        ("fe80::", "fe80::/10 link-local unicast"),
+        ("fe80::1", "fe80::/10 link-local unicast"),
+        (
+            "febf:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "fe80::/10 link-local unicast",
+        ),
+        // The guard also refuses multicast, site-local, and an embedded IPv4 the host or a
+        // translator would turn it into, when that IPv4 is refused.
+        ("ff02::1", "ff00::/8 multicast"),
+        ("ff0e::1", "ff00::/8 multicast (global scope too)"),
+        ("fec0::1", "fec0::/10 site-local (deprecated)"),
+        ("::127.0.0.1", "IPv4-compatible of 127.0.0.1"),
+        ("::10.1.2.3", "IPv4-compatible of 10.1.2.3"),
+        ("::192.0.2.1", "IPv4-compatible of a documentation address"),
+        ("::ffff:0:127.0.0.1", "SIIT of 127.0.0.1"),
+        ("64:ff9b::a9fe:a9fe", "NAT64 of 169.254.169.254"),
+        ("64:ff9b::7f00:1", "NAT64 of 127.0.0.1"),
+        ("64:ff9b::c000:201", "NAT64 of 192.0.2.1 (documentation)"),
+        ("64:ff9b::c058:6301", "NAT64 of 192.88.99.1"),
+    ];
+
+    /// Globally reachable: the registry's exceptions (Globally Reachable True), the first
+    /// addresses past the edges of refused blocks, and ordinary public addresses.
+    const ALLOWED: &[(&str, &str)] = &[
+        ("192.0.0.9", "192.0.0.9/32 port control protocol anycast"),
+        (
+            "192.0.0.10",
+            "192.0.0.10/32 traversal using relays around NAT anycast",
+        ),
+        ("192.31.196.1", "192.31.196.0/24 AS112-v4"),
+        ("192.52.193.1", "192.52.193.0/24 AMT"),
+        (
+            "192.175.48.1",
+            "192.175.48.0/24 direct delegation AS112 service",
+        ),
+        ("1.0.0.0", "past 0.0.0.0/8"),
+        ("9.255.255.255", "before 10.0.0.0/8"),
+        ("11.0.0.0", "past 10.0.0.0/8"),
+        ("100.63.255.255", "before 100.64.0.0/10"),
+        ("100.128.0.0", "past 100.64.0.0/10"),
+        ("126.255.255.255", "before 127.0.0.0/8"),
+        ("128.0.0.0", "past 127.0.0.0/8"),
+        ("169.253.255.255", "before 169.254.0.0/16"),
+        ("169.255.0.0", "past 169.254.0.0/16"),
+        ("172.15.255.255", "before 172.16.0.0/12"),
+        ("172.32.0.0", "past 172.16.0.0/12"),
+        ("191.255.255.255", "before 192.0.0.0/24"),
+        ("192.0.1.0", "past 192.0.0.0/24"),
+        ("192.0.1.255", "before 192.0.2.0/24"),
+        ("192.0.3.0", "past 192.0.2.0/24"),
+        ("192.88.98.255", "before 192.88.99.0/24"),
+        ("192.88.100.0", "past 192.88.99.0/24"),
+        ("192.167.255.255", "before 192.168.0.0/16"),
+        ("192.169.0.0", "past 192.168.0.0/16"),
+        ("198.17.255.255", "before 198.18.0.0/15"),
+        ("198.20.0.0", "past 198.18.0.0/15"),
+        ("198.51.99.255", "before 198.51.100.0/24"),
+        ("198.51.101.0", "past 198.51.100.0/24"),
+        ("203.0.112.255", "before 203.0.113.0/24"),
+        ("203.0.114.0", "past 203.0.113.0/24"),
+        ("223.255.255.255", "before 224.0.0.0/4"),
+        ("1.1.1.1", "public"),
+        ("8.8.8.8", "public"),
+        ("93.184.216.34", "public"),
+        ("2001:1::1", "2001:1::1/128 port control protocol anycast"),
+        (
+            "2001:1::2",
+            "2001:1::2/128 traversal using relays around NAT anycast",
+        ),
+        ("2001:3::", "2001:3::/32 AMT"),
+        ("2001:3:ffff:ffff:ffff:ffff:ffff:ffff", "2001:3::/32 AMT"),
+        ("2001:4:112::", "2001:4:112::/48 AS112-v6"),
+        (
+            "2001:4:112:ffff:ffff:ffff:ffff:ffff",
+            "2001:4:112::/48 AS112-v6",
+        ),
+        ("2001:20::", "2001:20::/28 ORCHIDv2"),
+        (
+            "2001:2f:ffff:ffff:ffff:ffff:ffff:ffff",
+            "2001:20::/28 ORCHIDv2",
+        ),
+        (
+            "2001:30::",
+            "2001:30::/28 drone remote ID protocol entity tags",
+        ),
+        ("2001:3f:ffff:ffff:ffff:ffff:ffff:ffff", "2001:30::/28 DETs"),
+        (
+            "2620:4f:8000::1",
+            "2620:4f:8000::/48 direct delegation AS112 service",
+        ),
+        ("64:ff9b::808:808", "64:ff9b::/96 NAT64 of a public IPv4"),
+        (
             "::ffff:8.8.8.8",
-            "64:ff9b::808:808",
-        ] {
-            assert!(!is_forbidden(ip(s)), "{s} should be allowed");
-        }
+            "::ffff:0:0/96 IPv4-mapped: judged by the IPv4 it connects to",
+        ),
+        ("::8.8.8.8", "IPv4-compatible of a public IPv4"),
+        ("2001:200::1", "past 2001::/23"),
+        (
+            "2001:db7:ffff:ffff:ffff:ffff:ffff:ffff",
+            "before 2001:db8::/32",
+        ),
+        ("2001:db9::", "past 2001:db8::/32"),
+        ("2003::", "past 2002::/16"),
+        (
+            "3ffe:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "before 3fff::/20",
+        ),
+        ("3fff:1000::", "past 3fff::/20"),
+        ("2001:4860:4860::8888", "public"),
+        ("2606:4700::1111", "public"),
+    ];
+
+    #[test]
+    fn every_address_that_is_not_globally_reachable_is_refused() {
+        let wrong: Vec<String> = REFUSED
+            .iter()
+            .filter(|(s, _)| !is_forbidden(ip(s)))
+            .map(|(s, why)| format!("{s} ({why}) is allowed"))
+            .chain(
+                ALLOWED
+                    .iter()
+                    .filter(|(s, _)| is_forbidden(ip(s)))
+                    .map(|(s, why)| format!("{s} ({why}) is refused")),
+            )
+            .collect();
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        // The policy switch that tests and local set-ups use still lets every one through.
+        let open = Guard::new(DestinationPolicy {
+            allow_private_networks: true,
+            ..Default::default()
+        });
+        assert!(REFUSED.iter().all(|(s, _)| open.ip_allowed(ip(s))));
+        let closed = Guard::new(DestinationPolicy::default());
+        assert!(REFUSED.iter().all(|(s, _)| !closed.ip_allowed(ip(s))));
     }
 
     #[test]

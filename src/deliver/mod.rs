@@ -99,13 +99,11 @@ impl DeliveryError {
     }
 }
 
-/// Collapses a message to one line of at most 500 characters.
+/// A message as one line of at most 500 characters: control characters (and the others
+/// [`crate::text::escape`] names) shown as visible escapes, so stored and printed errors
+/// can neither break a line nor act on a terminal; trailing whitespace dropped.
 pub fn one_line(s: &str) -> String {
-    let mut out: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(500)
-        .collect();
+    let mut out = crate::text::escape_truncated(s.trim_end(), 500);
     out.truncate(out.trim_end().len());
     out
 }
