@@ -63,6 +63,16 @@ pub enum WorkerError {
     /// A task of the worker panicked (a bug).
     #[error("worker task failed: {0}")]
     Task(String),
+    /// The lease leaves no room for a channel's attempts: none could ever start.
+    #[error("the lease ({lease:?}) is too short for {channel} attempts of up to {timeout:?}")]
+    LeaseTooShort {
+        /// The channel.
+        channel: Channel,
+        /// Its attempt timeout.
+        timeout: Duration,
+        /// The configured lease.
+        lease: Duration,
+    },
 }
 
 /// What a delivery task hands to the completer.
@@ -131,6 +141,19 @@ impl Worker {
     ) -> Result<RunSummary, WorkerError> {
         let shared = self.shared;
         let cfg = &shared.cfg;
+        // Start-up's check (WorkerConfig::validate) is stricter; a worker built by hand
+        // that skipped it would otherwise claim and release the same rows forever.
+        for &channel in &cfg.channels {
+            if let Some(timeout) = shared.deliverers.timeout(channel) {
+                if !cfg.attempt_fits(Duration::ZERO, timeout) {
+                    return Err(WorkerError::LeaseTooShort {
+                        channel,
+                        timeout,
+                        lease: cfg.lease,
+                    });
+                }
+            }
+        }
         tracing::info!(
             worker_id = %cfg.worker_id,
             channels = ?cfg.channels.iter().map(|c| c.as_str()).collect::<Vec<_>>(),

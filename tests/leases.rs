@@ -592,3 +592,30 @@ async fn a_row_that_waited_too_long_for_a_slot_is_released_not_sent_twice() {
     outcomes.sort();
     assert_eq!(outcomes, ["delivered", "delivered", "released"]);
 }
+
+/// A worker built by hand with a lease no attempt fits in refuses to run, instead of
+/// claiming and releasing the same rows for ever.
+#[tokio::test]
+async fn a_worker_whose_lease_fits_no_attempt_refuses_to_run() {
+    let db = TestDb::new().await;
+    let cfg = outboxd::config::WorkerConfig {
+        lease: Duration::from_secs(3),
+        ..test_worker_config("short")
+    };
+    let deliverers = outboxd::deliver::Deliverers {
+        webhook: outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
+        email: None,
+    };
+    let worker = outboxd::worker::Worker::new(db.pool(2), cfg, deliverers, None);
+    let err = worker.run(std::future::pending()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            outboxd::worker::WorkerError::LeaseTooShort {
+                channel: Channel::Webhook,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}

@@ -133,7 +133,8 @@ async fn a_message_committed_after_the_worker_went_idle_is_still_sent_at_once() 
     cfg.concurrency = 1;
     cfg.poll_interval = Duration::from_secs(3600);
     let mut webhook = test_webhook_config();
-    webhook.timeout = Duration::from_secs(30);
+    // Outlasts the stall, and fits in the test's 10 s lease.
+    webhook.timeout = Duration::from_secs(5);
     let worker = RunningWorker::start(&db, cfg, webhook);
     wait_for_idle_marks(&db, 1, "the idle worker to hold the mark").await;
 

@@ -137,6 +137,14 @@ impl Deliverers {
         }
     }
 
+    /// The longest one attempt on `channel` can take, when the channel is configured.
+    pub fn timeout(&self, channel: Channel) -> Option<Duration> {
+        match channel {
+            Channel::Webhook => Some(self.webhook.timeout()),
+            Channel::Email => self.email.as_ref().map(|e| e.timeout()),
+        }
+    }
+
     /// Waits until `channel` can start an attempt at once (e-mail: a free connection). The
     /// wait is no part of the attempt: its timeout starts with [`Ready::send`], so the
     /// caller can still decide, after the wait, whether the attempt fits in its lease.
