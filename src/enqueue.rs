@@ -1,6 +1,7 @@
 //! Enqueueing from Rust, inside the application's own transaction.
 //!
-//! The rules are the SQL function's (`outbox.enqueue_row`, in `sql/0001_outbox.sql`): this
+//! The rules are the SQL function's (`outbox.enqueue_row`, in `sql/0001_outbox.sql`, and the
+//! insert trigger it fires, last changed in `sql/0007_enqueue_hardening.sql`): this
 //! module only binds parameters and turns the database's answers into typed errors, so the
 //! SQL and Rust paths cannot disagree.
 
@@ -107,7 +108,7 @@ pub enum EnqueueError {
     /// Bad input (SQLSTATE `22023`); nothing was inserted.
     #[error("{message}")]
     Invalid {
-        /// The offending field (`message_key`, `channel`, `payload.url`, …).
+        /// The offending field (`message_key`, `channel`, `payload.url`, `run_after`, …).
         field: String,
         /// The database's message, naming the field.
         message: String,
@@ -138,6 +139,13 @@ impl EnqueueError {
             EnqueueError::Invalid {
                 field: "payload".into(),
                 message: "payload must not contain NUL characters (\\u0000)".into(),
+            }
+        } else if *db.code() == SqlState::DATETIME_FIELD_OVERFLOW {
+            // PostgreSQL refuses a timestamp past its range (22008) as it reads the
+            // parameters; run_after is the only timestamp an enqueue sends.
+            EnqueueError::Invalid {
+                field: "run_after".into(),
+                message: format!("run_after is out of range: {}", db.message()),
             }
         } else if *db.code() == SqlState::CHARACTER_NOT_IN_REPERTOIRE {
             // PostgreSQL text cannot hold a NUL byte (22021); Rust strings can, in the key.

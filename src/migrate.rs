@@ -65,6 +65,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "cheaper_enqueue",
         sql: include_str!("../sql/0006_cheaper_enqueue.sql"),
     },
+    Migration {
+        version: 7,
+        name: "enqueue_hardening",
+        sql: include_str!("../sql/0007_enqueue_hardening.sql"),
+    },
 ];
 
 /// Why migrating failed.

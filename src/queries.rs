@@ -271,10 +271,19 @@ FROM (VALUES
 
 /// Status: seconds since the `run_after` of the oldest due pending message; 0 when none is
 /// due.
+///
+/// Enqueue refuses an infinite `run_after` (`sql/0007`), but rows stored before may hold one,
+/// and `now() - '-infinity'` raises 22008: the difference is taken between epochs instead,
+/// and a `-infinity` row counts as due since its `created_at` (an `infinity` row is never
+/// due). Both subqueries read `messages_due_idx`: the first its first finite due entry, the
+/// second only the `-infinity` entries.
 pub const OLDEST_DUE_SECONDS: &str = r#"
-SELECT coalesce(extract(epoch FROM now() - min(run_after)), 0)::float8
-FROM outbox.messages
-WHERE state = 'pending' AND run_after <= now()
+SELECT coalesce(extract(epoch FROM now()) - extract(epoch FROM least(
+    (SELECT min(run_after) FROM outbox.messages
+     WHERE state = 'pending' AND run_after > '-infinity' AND run_after <= now()),
+    (SELECT min(created_at) FROM outbox.messages
+     WHERE state = 'pending' AND run_after = '-infinity' AND isfinite(created_at))
+)), 0)::float8
 "#;
 
 /// Enqueue one message; the rules are those of `outbox.enqueue_row` (see
