@@ -658,6 +658,8 @@ impl EmailSender {
     /// Prepares the sender (TLS configuration, credentials); connects only when sending.
     pub fn new(cfg: &EmailConfig) -> Result<Self, ConfigError> {
         let smtp = &cfg.smtp;
+        // `SmtpUrl::parse` checks this too; a URL built by hand reaches us unchecked.
+        smtp.check_clear_text_auth()?;
         let tls_params = match smtp.tls {
             SmtpTls::None => None,
             SmtpTls::StartTls | SmtpTls::Implicit => {
