@@ -1047,3 +1047,185 @@ async fn the_daemon_sends_email_when_an_smtp_url_is_set_and_logs_no_secrets() {
         assert!(!err.contains(secret), "{secret:?} in the logs:\n{err}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The bytes on the wire (RFC 5321 §2.3.8, §4.5.2; RFC 5322 §2.1, §2.2.3)
+// ---------------------------------------------------------------------------------------
+
+/// Commands a relay open to SMTP smuggling would run if the data ended early.
+const SMUGGLED: &str = "MAIL FROM:<smuggler@evil.example>\r\nRCPT TO:<victim@example.com>\r\nDATA\r\nFrom: ceo@shop.example\r\nSubject: wire the money\r\n\r\nsmuggled\r\n";
+
+/// A text body with every end-of-data look-alike of the 2023 SMTP-smuggling research
+/// (a `.` line whose line breaks are lone CRs or LFs), a real `.` line, and a line that
+/// starts with a dot. Every line is ASCII and short, so lettre would choose 7bit.
+fn smuggling_text() -> String {
+    [
+        "line1\r.\r\n",
+        SMUGGLED,
+        ".\r\nCR-dot-CR\r.\r",
+        SMUGGLED,
+        ".\r\nCR-dot-LF\r.\n",
+        SMUGGLED,
+        ".\r\nLF-dot-LF\n.\n",
+        SMUGGLED,
+        ".\r\nLF-dot-CRLF\n.\r\n",
+        SMUGGLED,
+        ".\r\nCRLF-dot-LF\r\n.\n",
+        SMUGGLED,
+        ".\r\na real dot line\r\n.\r\n.starts with a dot\r\nlone CR\rlone LF\nend",
+    ]
+    .concat()
+}
+
+/// An HTML body that cannot go as 7bit: non-ASCII, a 1 500-octet line, lone CRs and LFs.
+fn long_html() -> String {
+    format!(
+        "<p>Grüße\r.\r{}</p>\n.\n<p>{}</p>\r\r\n<p>€</p>",
+        "x".repeat(1500),
+        "Straße ".repeat(300)
+    )
+}
+
+/// The body with CRLF for every lone CR and lone LF: what a recipient must decode.
+fn with_crlf(s: &str) -> String {
+    s.replace("\r\n", "\n")
+        .replace('\r', "\n")
+        .replace('\n', "\r\n")
+}
+
+/// Checks data as the relay read it, dot-stuffed, up to its end-of-data line: the line
+/// rules of [`assert_crlf_lines`], and no line that is a lone `.` (or starts with one dot)
+/// but the final marker: every other line that starts with a dot is dot-stuffed.
+fn assert_clean_wire(wire: &[u8]) {
+    assert!(wire.ends_with(b"\r\n.\r\n"), "the data ends with CRLF.CRLF");
+    assert_crlf_lines(wire);
+    let lines: Vec<&[u8]> = wire[..wire.len() - 2].split(|&b| b == b'\n').collect();
+    let (last, lines) = lines.split_last().unwrap();
+    assert_eq!(*last, b".", "the last line is the end-of-data marker");
+    for (n, line) in lines.iter().enumerate() {
+        assert!(
+            !line.starts_with(b".") || line.starts_with(b".."),
+            "line {n} starts with a dot that is not stuffed: {:?}",
+            String::from_utf8_lossy(line)
+        );
+    }
+}
+
+/// CR only before LF, LF only after CR, and no line over 998 octets (CRLF excluded).
+fn assert_crlf_lines(wire: &[u8]) {
+    for (i, &b) in wire.iter().enumerate() {
+        if b == b'\r' {
+            assert_eq!(
+                wire.get(i + 1),
+                Some(&b'\n'),
+                "a CR not followed by LF at octet {i}: {:?}",
+                String::from_utf8_lossy(&wire[i.saturating_sub(40)..(i + 40).min(wire.len())])
+            );
+        }
+        if b == b'\n' {
+            assert!(
+                i > 0 && wire[i - 1] == b'\r',
+                "an LF not preceded by CR at octet {i}: {:?}",
+                String::from_utf8_lossy(&wire[i.saturating_sub(40)..(i + 40).min(wire.len())])
+            );
+        }
+    }
+    for (n, line) in wire.split(|&b| b == b'\n').enumerate() {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        assert!(
+            line.len() <= 998,
+            "line {n} has {} octets: {:?}…",
+            line.len(),
+            String::from_utf8_lossy(&line[..60])
+        );
+    }
+}
+
+#[tokio::test]
+async fn lone_cr_and_lf_in_bodies_go_out_as_crlf_and_cannot_end_the_data_early() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    // A relay that also ends the data at <CR>.<CR><LF>, <LF>.<LF> and the like: if any of
+    // them reached it, it would run the smuggled commands as a second transaction.
+    fake.end_data_at_any_line_break();
+    let key = "wire:smuggling";
+    enqueue_email(
+        &db,
+        key,
+        json!({"from": "shop@shop.example", "to": ["a@example.com"], "subject": "Your order",
+               "text": smuggling_text(), "html": long_html()}),
+        1,
+        false,
+    )
+    .await;
+    let w = start(&db, email_config(&fake.url()));
+    wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    // The worker closed its connections: once the fake has seen every session end, it has
+    // read every byte the worker sent.
+    wait_until(WAIT, "every SMTP session ended", || async {
+        fake.closed() == fake.connections()
+    })
+    .await;
+
+    let mails: Vec<String> = fake
+        .commands()
+        .into_iter()
+        .filter(|c| c.to_ascii_uppercase().starts_with("MAIL"))
+        .collect();
+    assert_eq!(mails, ["MAIL FROM:<shop@shop.example>"], "one transaction");
+    let received = fake.received();
+    assert_eq!(received.len(), 1, "exactly one message");
+    assert_eq!(received[0].rcpt_to, ["a@example.com"]);
+    assert_clean_wire(&received[0].wire);
+    // The text part went as 7bit (ASCII, short lines): its lines are the text's, CRLF.
+    let content = String::from_utf8_lossy(&received[0].content);
+    assert!(
+        content.contains("Content-Transfer-Encoding: 7bit\r\n\r\nline1\r\n.\r\nMAIL FROM:"),
+        "{content}"
+    );
+    assert!(content.contains(&with_crlf(&smuggling_text())), "{content}");
+}
+
+#[tokio::test]
+async fn a_real_server_decodes_the_bodies_with_crlf_line_breaks() {
+    let db = TestDb::new().await;
+    let sink = Sink::start(&[]).await;
+    let key = "wire:decoded";
+    let (text, html) = (smuggling_text(), long_html());
+    enqueue_email(
+        &db,
+        key,
+        json!({"from": "shop@shop.example", "to": ["a@example.com"], "subject": "Your order",
+               "text": text, "html": html}),
+        1,
+        false,
+    )
+    .await;
+    let w = start(&db, email_config(&sink.url()));
+    wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    let msgs = sink.messages();
+    assert_eq!(msgs.len(), 1, "exactly one message");
+    assert_eq!(msgs[0].mail_from, "shop@shop.example");
+    assert_eq!(msgs[0].rcpt_tos, ["a@example.com"]);
+    // aiosmtpd keeps the content without its transparency dots; the line rules hold.
+    assert_crlf_lines(&msgs[0].raw_bytes());
+    let parts: Vec<(&str, &str)> = msgs[0]
+        .parsed
+        .parts
+        .iter()
+        .map(|p| (p.content_type.as_str(), p.content.as_str()))
+        .collect();
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    assert_eq!(parts[0].0, "text/plain");
+    assert_eq!(
+        parts[0].1.strip_suffix("\r\n").unwrap_or(parts[0].1),
+        with_crlf(&text)
+    );
+    assert_eq!(parts[1].0, "text/html");
+    assert_eq!(
+        parts[1].1.strip_suffix("\r\n").unwrap_or(parts[1].1),
+        with_crlf(&html)
+    );
+}

@@ -220,8 +220,8 @@ pub fn parse_payload(
     if let Some(s) = &subject {
         one_header_line("payload.subject", s)?;
     }
-    let text = optional_string("payload.text", p.text)?;
-    let html = optional_string("payload.html", p.html)?;
+    let text = optional_string("payload.text", p.text)?.map(|t| crlf_line_breaks(&t));
+    let html = optional_string("payload.html", p.html)?.map(|h| crlf_line_breaks(&h));
 
     let domain = match message_id_domain {
         Some(d) => d.to_owned(),
@@ -287,6 +287,35 @@ pub fn parse_payload(
         envelope,
         message_id,
     })
+}
+
+/// A body with every line break as CRLF: a lone CR and a lone LF each become CRLF.
+///
+/// RFC 5322 (and a text part's canonical form, RFC 2046 §4.1.1) allows CR and LF only
+/// together. lettre turns a lone LF into CRLF but sends a lone CR as it is in a 7bit
+/// part, and its dot-stuffing only knows lines that end in CRLF: `text\r.\r\n` reached
+/// the relay as written, an end of data to a relay that takes a lone CR for a line end
+/// (SMTP smuggling, 2023). Normalising here, rather than encoding such bodies
+/// quoted-printable (where a lone CR survives as `=0D` into what the recipient's program
+/// shows), gives one line-break convention on the wire and in the decoded text, and then
+/// lettre's choice of encoding holds: 7bit only for ASCII whose lines are under 76
+/// octets, quoted-printable or base64 (lines of 76) for anything else, never 8bit.
+fn crlf_line_breaks(body: &str) -> String {
+    let mut out = String::with_capacity(body.len() + body.len() / 32);
+    let mut chars = body.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\r' => {
+                out.push_str("\r\n");
+                if chars.peek() == Some(&'\n') {
+                    chars.next();
+                }
+            }
+            '\n' => out.push_str("\r\n"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Refuses a value that would break out of its header line: CR, LF or any other control
@@ -1237,6 +1266,39 @@ mod tests {
                 err.message
             );
         }
+    }
+
+    #[test]
+    fn bodies_get_crlf_line_breaks_only() {
+        assert_eq!(
+            crlf_line_breaks("a\rb\nc\r\nd\r\r\ne\n\rf\r"),
+            "a\r\nb\r\nc\r\nd\r\n\r\ne\r\n\r\nf\r\n"
+        );
+        assert_eq!(crlf_line_breaks("Grüße\r.\r"), "Grüße\r\n.\r\n");
+        // Built, the part carries the normalised text as 7bit, and a line that would be
+        // too long, or 8-bit text, goes quoted-printable or base64 in lines of 76.
+        let email = parse(
+            serde_json::json!({"from": "a@b.example", "to": "c@d.example",
+            "text": "x\r.\r\nMAIL FROM:<e@f.example>", "html": format!("{}\r€", "y".repeat(2000))}),
+        )
+        .expect("valid");
+        let wire = email.message.formatted();
+        let text = String::from_utf8(wire.clone()).expect("ASCII");
+        assert!(
+            text.contains("7bit\r\n\r\nx\r\n.\r\nMAIL FROM:<e@f.example>\r\n"),
+            "{text}"
+        );
+        for (i, &b) in wire.iter().enumerate() {
+            assert!(
+                b != b'\r' || wire.get(i + 1) == Some(&b'\n'),
+                "lone CR at {i}"
+            );
+            assert!(
+                b != b'\n' || (i > 0 && wire[i - 1] == b'\r'),
+                "lone LF at {i}"
+            );
+        }
+        assert!(text.split("\r\n").all(|l| l.len() <= 78), "{text}");
     }
 
     #[test]
