@@ -1229,3 +1229,146 @@ async fn a_real_server_decodes_the_bodies_with_crlf_line_breaks() {
         with_crlf(&html)
     );
 }
+
+/// The header section's lines (up to the first empty line) of raw message bytes.
+fn header_lines(raw: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(raw);
+    let head = text.split("\r\n\r\n").next().unwrap();
+    head.split("\r\n").map(str::to_owned).collect()
+}
+
+#[tokio::test]
+async fn long_headers_are_folded_and_a_real_server_reads_them_back_exactly() {
+    let db = TestDb::new().await;
+    let sink = Sink::start(&[]).await;
+    let key = "wire:headers";
+    // 5 000 characters: a word too long for any line, non-ASCII words, plain words.
+    let subject = format!(
+        "{} {} {}",
+        "x".repeat(1500),
+        "Grüße aus Köln ✓".repeat(120),
+        "word ".repeat(400).trim_end()
+    );
+    assert!(subject.chars().count() >= 5000);
+    // 1 000 recipients in To, 50 in Cc, with every kind of display name.
+    let names = [
+        "".to_owned(),
+        "Bob Smith".to_owned(),
+        "Jörg Müller-Lüdenscheidt".to_owned(),
+        "Bob \"The Builder\" O'Neil, Jr.".to_owned(),
+        "n".repeat(300),
+        "A Very Long Display Name ".repeat(12).trim_end().to_owned(),
+        "Иванов Иван Иванович ".repeat(10).trim_end().to_owned(),
+    ];
+    let mailbox = |i: usize, domain: &str| {
+        let name = &names[i % names.len()];
+        let addr = format!("user{i}@{domain}");
+        let shown = if name.is_empty() {
+            addr.clone()
+        } else {
+            let quoted = name.replace('\\', "\\\\").replace('"', "\\\"");
+            format!("\"{quoted}\" <{addr}>")
+        };
+        (name.clone(), addr, shown)
+    };
+    let to: Vec<(String, String, String)> = (0..1000).map(|i| mailbox(i, "example.com")).collect();
+    let cc: Vec<(String, String, String)> = (0..50).map(|i| mailbox(i, "cc.example")).collect();
+    let from_name = format!("Shop {} Köln", "Verkauf ".repeat(40).trim_end());
+    let reply_name = "Kundendienst für Bestellungen und Rücksendungen ".repeat(6);
+    let reply_name = reply_name.trim_end();
+    let campaign = "spring sale ".repeat(250).trim_end().to_owned();
+    let unsubscribe = format!(
+        "<https://shop.example/unsubscribe?token={}>",
+        "t".repeat(400)
+    );
+    let note = "Grüße ".repeat(200).trim_end().to_owned();
+    enqueue_email(
+        &db,
+        key,
+        json!({
+            "from": format!("\"{from_name}\" <shop@shop.example>"),
+            "to": to.iter().map(|m| m.2.clone()).collect::<Vec<_>>(),
+            "cc": cc.iter().map(|m| m.2.clone()).collect::<Vec<_>>(),
+            "reply_to": format!("\"{reply_name}\" <help@shop.example>"),
+            "subject": subject,
+            "text": "Hi",
+            "headers": {"X-Campaign": campaign, "List-Unsubscribe": unsubscribe, "X-Note": note}
+        }),
+        1,
+        false,
+    )
+    .await;
+    // 1 050 RCPT TO take longer than the usual test timeout (and less than the lease).
+    let cfg = EmailConfig {
+        timeout: Duration::from_secs(8),
+        ..email_config(&sink.url())
+    };
+    let w = start(&db, cfg);
+    // One attempt: delivered, or dead (a relay may refuse lines over its limit).
+    wait_until(WAIT, "the message delivered or dead", || async {
+        matches!(row(&db, key).await.state.as_str(), "delivered" | "dead")
+    })
+    .await;
+    w.stop().await;
+    let r = row(&db, key).await;
+    assert_eq!(r.state, "delivered", "{:?}", r.last_error);
+    let msgs = sink.messages();
+    assert_eq!(msgs.len(), 1);
+    let m = &msgs[0];
+    assert_eq!(m.rcpt_tos.len(), 1050);
+
+    // Every header line within 78 octets, but for the one unbreakable URL, within 998.
+    let lines = header_lines(&m.raw_bytes());
+    let mut in_unsubscribe = false;
+    for line in &lines {
+        if !line.starts_with([' ', '\t']) {
+            in_unsubscribe = line.starts_with("List-Unsubscribe:");
+        }
+        assert!(line.len() <= 998, "{} octets: {line:?}", line.len());
+        if !in_unsubscribe {
+            assert!(line.len() <= 78, "{} octets: {line:?}", line.len());
+        }
+        assert!(
+            !line.trim().is_empty(),
+            "a folded line of whitespace only: {lines:?}"
+        );
+    }
+    let unsub: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("unsubscribe?token="))
+        .collect();
+    assert!(unsub[0].len() > 78, "the URL is one token");
+
+    // Python's e-mail package reads back every value exactly.
+    let decoded = |name: &str| -> String {
+        let all: Vec<&String> = m
+            .parsed
+            .decoded
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(all.len(), 1, "{name} appears {} times", all.len());
+        all[0].clone()
+    };
+    assert_eq!(decoded("Subject"), subject);
+    assert_eq!(decoded("X-Campaign"), campaign);
+    assert_eq!(decoded("List-Unsubscribe"), unsubscribe);
+    assert_eq!(decoded("X-Note"), note);
+    let addresses = |h: &str| m.parsed.addresses[h].clone();
+    let want = |list: &[(String, String, String)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(n, a, _)| (n.clone(), a.clone()))
+            .collect()
+    };
+    assert_eq!(addresses("to"), want(&to));
+    assert_eq!(addresses("cc"), want(&cc));
+    assert_eq!(
+        addresses("from"),
+        [(from_name.clone(), "shop@shop.example".to_owned())]
+    );
+    assert_eq!(
+        addresses("reply-to"),
+        [(reply_name.to_owned(), "help@shop.example".to_owned())]
+    );
+}

@@ -530,6 +530,10 @@ pub struct Parsed {
     pub headers: Vec<(String, String)>,
     /// The leaf parts, decoded.
     pub parts: Vec<Part>,
+    /// Headers in order as the policy's header classes read them: unfolded and decoded.
+    pub decoded: Vec<(String, String)>,
+    /// `from`, `to`, `cc`, `reply-to`: the mailboxes, (display name, address) each.
+    pub addresses: HashMap<String, Vec<(String, String)>>,
 }
 
 /// One leaf MIME part.
