@@ -335,13 +335,45 @@ impl SmtpUrl {
         if password.is_some() && user.is_none() {
             return Err(err("a password needs a user name (smtp://user:pass@host)"));
         }
-        Ok(SmtpUrl {
+        let url = SmtpUrl {
             host,
             port,
             tls,
             user,
             password,
-        })
+        };
+        url.check_clear_text_auth()?;
+        Ok(url)
+    }
+
+    /// Refuses credentials over a plain-text connection (`?tls=none` with a user name) to
+    /// any host but this machine's loopback (127.0.0.0/8, `::1`, `localhost`): AUTH PLAIN
+    /// and LOGIN would carry the password in clear text across the network. The message
+    /// names the problem, never the password.
+    pub fn check_clear_text_auth(&self) -> Result<(), ConfigError> {
+        if self.tls == SmtpTls::None && self.user.is_some() && !is_loopback_host(&self.host) {
+            return Err(ConfigError(
+                "OUTBOXD_SMTP_URL: ?tls=none with a user name would send the password in clear text to a host that is not loopback; use smtp:// (STARTTLS) or smtps://, or drop the credentials"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether a relay's host is this machine: `localhost`, 127.0.0.0/8, `::1` (or `::1`'s
+/// IPv4-mapped form of 127.0.0.0/8). Other names are not resolved: a name that happens to
+/// point at 127.0.0.1 today is still a name someone else's DNS answers for.
+fn is_loopback_host(host: &str) -> bool {
+    if host.eq_ignore_ascii_case("localhost") || host.eq_ignore_ascii_case("localhost.") {
+        return true;
+    }
+    match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(ip)) => ip.is_loopback(),
+        Ok(std::net::IpAddr::V6(ip)) => {
+            ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+        Err(_) => false,
     }
 }
 
@@ -626,6 +658,44 @@ mod tests {
         assert!(!format!("{u:?}").contains("hunter2"));
         assert!(!u.to_string().contains("hunter2"));
         assert!(!format!("{:?}", EmailConfig::new(u)).contains("hunter2"));
+    }
+
+    #[test]
+    fn credentials_in_clear_text_only_to_loopback() {
+        for bad in [
+            "smtp://user:hunter2@mail.example.com:25?tls=none",
+            "smtp://user@mail.example.com?tls=none",
+            "smtp://user:hunter2@10.0.0.5?tls=none",
+            "smtp://user:hunter2@[2001:db8::1]?tls=none",
+            "smtp://user:hunter2@localhost.example.com?tls=none",
+            "smtp://user:hunter2@128.0.0.1?tls=none",
+        ] {
+            let e = SmtpUrl::parse(bad).expect_err(bad).0;
+            assert!(e.contains("clear text"), "{bad}: {e}");
+            assert!(!e.contains("hunter2"), "{bad}: the password leaked: {e}");
+            assert_eq!(e.lines().count(), 1, "{bad}: {e}");
+        }
+        for ok in [
+            "smtp://user:hunter2@127.0.0.1:1025?tls=none",
+            "smtp://user:hunter2@127.1.2.3?tls=none",
+            "smtp://user:hunter2@LOCALHOST:1025?tls=none",
+            "smtp://user:hunter2@[::1]:1025?tls=none",
+            "smtp://user:hunter2@[::ffff:127.0.0.1]?tls=none",
+            "smtp://mail.example.com?tls=none",
+            "smtp://user:hunter2@mail.example.com",
+            "smtps://user:hunter2@mail.example.com",
+        ] {
+            SmtpUrl::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        // A URL built by hand (the library's callers) is checked by the sender too.
+        let by_hand = SmtpUrl {
+            host: "mail.example.com".into(),
+            port: 25,
+            tls: SmtpTls::None,
+            user: Some("user".into()),
+            password: Some("hunter2".into()),
+        };
+        assert!(by_hand.check_clear_text_auth().is_err());
     }
 
     #[test]

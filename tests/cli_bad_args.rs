@@ -765,3 +765,65 @@ async fn a_nul_escape_in_the_payload_exits_2_naming_the_payload() {
     let n: i64 = db.scalar("SELECT count(*) FROM outbox.messages").await;
     assert_eq!(n, 0);
 }
+
+/// `?tls=none` with a user name would send AUTH PLAIN (the password, base64) in clear text:
+/// refused at start-up with one line that names the problem and never the password, unless
+/// the relay is this machine. `--drain` on an empty database makes a worker that starts
+/// exit 0 at once, so a missing refusal shows as exit 0 rather than as a hang.
+#[tokio::test]
+async fn smtp_credentials_in_clear_text_are_refused_unless_the_relay_is_loopback() {
+    let db = TestDb::new().await;
+    let url = db.url();
+    for smtp in [
+        "smtp://user:s3cret@mail.example.com:25?tls=none",
+        "smtp://user:s3cret@192.0.2.7?tls=none",
+        "smtp://user:s3cret@[2001:db8::25]:25?tls=none",
+        "smtp://user@mail.example.com?tls=none",
+    ] {
+        let out = run(outboxd(Some(&url))
+            .env("OUTBOXD_SMTP_URL", smtp)
+            .args(["run", "--drain"]));
+        let line = assert_one_line_exit(smtp, &out, 2);
+        assert!(
+            line.contains("OUTBOXD_SMTP_URL")
+                && line.contains("tls=none")
+                && line.contains("clear text"),
+            "{smtp}: {line:?}"
+        );
+        assert!(
+            !out.stdout.contains("s3cret") && !out.stderr.contains("s3cret"),
+            "{smtp}: the password leaked: {:?} {:?}",
+            out.stdout,
+            out.stderr
+        );
+    }
+    // The same credentials to a relay on this machine (Mailpit, a local Postfix): the
+    // worker starts, drains the empty queue and exits 0, without printing the password.
+    for smtp in [
+        "smtp://user:s3cret@127.0.0.1:2525?tls=none",
+        "smtp://user:s3cret@localhost:2525?tls=none",
+        "smtp://user:s3cret@[::1]:2525?tls=none",
+    ] {
+        let out = run(outboxd(Some(&url))
+            .env("OUTBOXD_SMTP_URL", smtp)
+            .args(["run", "--drain"]));
+        assert_eq!(
+            out.code,
+            Some(0),
+            "{smtp}: stdout {:?}, stderr {:?}",
+            out.stdout,
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains("e-mail delivery through an SMTP relay"),
+            "{smtp}: the e-mail channel did not start: {:?}",
+            out.stderr
+        );
+        assert!(
+            !out.stdout.contains("s3cret") && !out.stderr.contains("s3cret"),
+            "{smtp}: the password leaked: {:?} {:?}",
+            out.stdout,
+            out.stderr
+        );
+    }
+}

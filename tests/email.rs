@@ -1103,3 +1103,328 @@ async fn a_slow_relay_gets_each_message_once() {
         "{outcomes:?}"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// The bytes on the wire (RFC 5321 §2.3.8, §4.5.2; RFC 5322 §2.1, §2.2.3)
+// ---------------------------------------------------------------------------------------
+
+/// Commands a relay open to SMTP smuggling would run if the data ended early.
+const SMUGGLED: &str = "MAIL FROM:<smuggler@evil.example>\r\nRCPT TO:<victim@example.com>\r\nDATA\r\nFrom: ceo@shop.example\r\nSubject: wire the money\r\n\r\nsmuggled\r\n";
+
+/// A text body with every end-of-data look-alike of the 2023 SMTP-smuggling research
+/// (a `.` line whose line breaks are lone CRs or LFs), a real `.` line, and a line that
+/// starts with a dot. Every line is ASCII and short, so lettre would choose 7bit.
+fn smuggling_text() -> String {
+    [
+        "line1\r.\r\n",
+        SMUGGLED,
+        ".\r\nCR-dot-CR\r.\r",
+        SMUGGLED,
+        ".\r\nCR-dot-LF\r.\n",
+        SMUGGLED,
+        ".\r\nLF-dot-LF\n.\n",
+        SMUGGLED,
+        ".\r\nLF-dot-CRLF\n.\r\n",
+        SMUGGLED,
+        ".\r\nCRLF-dot-LF\r\n.\n",
+        SMUGGLED,
+        ".\r\na real dot line\r\n.\r\n.starts with a dot\r\nlone CR\rlone LF\nend",
+    ]
+    .concat()
+}
+
+/// An HTML body that cannot go as 7bit: non-ASCII, a 1 500-octet line, lone CRs and LFs.
+fn long_html() -> String {
+    format!(
+        "<p>Grüße\r.\r{}</p>\n.\n<p>{}</p>\r\r\n<p>€</p>",
+        "x".repeat(1500),
+        "Straße ".repeat(300)
+    )
+}
+
+/// The body with CRLF for every lone CR and lone LF: what a recipient must decode.
+fn with_crlf(s: &str) -> String {
+    s.replace("\r\n", "\n")
+        .replace('\r', "\n")
+        .replace('\n', "\r\n")
+}
+
+/// Checks data as the relay read it, dot-stuffed, up to its end-of-data line: the line
+/// rules of [`assert_crlf_lines`], and no line that is a lone `.` (or starts with one dot)
+/// but the final marker: every other line that starts with a dot is dot-stuffed.
+fn assert_clean_wire(wire: &[u8]) {
+    assert!(wire.ends_with(b"\r\n.\r\n"), "the data ends with CRLF.CRLF");
+    assert_crlf_lines(wire);
+    let lines: Vec<&[u8]> = wire[..wire.len() - 2].split(|&b| b == b'\n').collect();
+    let (last, lines) = lines.split_last().unwrap();
+    assert_eq!(*last, b".", "the last line is the end-of-data marker");
+    for (n, line) in lines.iter().enumerate() {
+        assert!(
+            !line.starts_with(b".") || line.starts_with(b".."),
+            "line {n} starts with a dot that is not stuffed: {:?}",
+            String::from_utf8_lossy(line)
+        );
+    }
+}
+
+/// CR only before LF, LF only after CR, and no line over 998 octets (CRLF excluded).
+fn assert_crlf_lines(wire: &[u8]) {
+    for (i, &b) in wire.iter().enumerate() {
+        if b == b'\r' {
+            assert_eq!(
+                wire.get(i + 1),
+                Some(&b'\n'),
+                "a CR not followed by LF at octet {i}: {:?}",
+                String::from_utf8_lossy(&wire[i.saturating_sub(40)..(i + 40).min(wire.len())])
+            );
+        }
+        if b == b'\n' {
+            assert!(
+                i > 0 && wire[i - 1] == b'\r',
+                "an LF not preceded by CR at octet {i}: {:?}",
+                String::from_utf8_lossy(&wire[i.saturating_sub(40)..(i + 40).min(wire.len())])
+            );
+        }
+    }
+    for (n, line) in wire.split(|&b| b == b'\n').enumerate() {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        assert!(
+            line.len() <= 998,
+            "line {n} has {} octets: {:?}…",
+            line.len(),
+            String::from_utf8_lossy(&line[..60])
+        );
+    }
+}
+
+#[tokio::test]
+async fn lone_cr_and_lf_in_bodies_go_out_as_crlf_and_cannot_end_the_data_early() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    // A relay that also ends the data at <CR>.<CR><LF>, <LF>.<LF> and the like: if any of
+    // them reached it, it would run the smuggled commands as a second transaction.
+    fake.end_data_at_any_line_break();
+    let key = "wire:smuggling";
+    enqueue_email(
+        &db,
+        key,
+        json!({"from": "shop@shop.example", "to": ["a@example.com"], "subject": "Your order",
+               "text": smuggling_text(), "html": long_html()}),
+        1,
+        false,
+    )
+    .await;
+    let w = start(&db, email_config(&fake.url()));
+    wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    // The worker closed its connections: once the fake has seen every session end, it has
+    // read every byte the worker sent.
+    wait_until(WAIT, "every SMTP session ended", || async {
+        fake.closed() == fake.connections()
+    })
+    .await;
+
+    let mails: Vec<String> = fake
+        .commands()
+        .into_iter()
+        .filter(|c| c.to_ascii_uppercase().starts_with("MAIL"))
+        .collect();
+    assert_eq!(mails, ["MAIL FROM:<shop@shop.example>"], "one transaction");
+    let received = fake.received();
+    assert_eq!(received.len(), 1, "exactly one message");
+    assert_eq!(received[0].rcpt_to, ["a@example.com"]);
+    assert_clean_wire(&received[0].wire);
+    // The text part went as 7bit (ASCII, short lines): its lines are the text's, CRLF.
+    let content = String::from_utf8_lossy(&received[0].content);
+    assert!(
+        content.contains("Content-Transfer-Encoding: 7bit\r\n\r\nline1\r\n.\r\nMAIL FROM:"),
+        "{content}"
+    );
+    assert!(content.contains(&with_crlf(&smuggling_text())), "{content}");
+}
+
+#[tokio::test]
+async fn a_real_server_decodes_the_bodies_with_crlf_line_breaks() {
+    let db = TestDb::new().await;
+    let sink = Sink::start(&[]).await;
+    let key = "wire:decoded";
+    let (text, html) = (smuggling_text(), long_html());
+    enqueue_email(
+        &db,
+        key,
+        json!({"from": "shop@shop.example", "to": ["a@example.com"], "subject": "Your order",
+               "text": text, "html": html}),
+        1,
+        false,
+    )
+    .await;
+    let w = start(&db, email_config(&sink.url()));
+    wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    let msgs = sink.messages();
+    assert_eq!(msgs.len(), 1, "exactly one message");
+    assert_eq!(msgs[0].mail_from, "shop@shop.example");
+    assert_eq!(msgs[0].rcpt_tos, ["a@example.com"]);
+    // aiosmtpd keeps the content without its transparency dots; the line rules hold.
+    assert_crlf_lines(&msgs[0].raw_bytes());
+    let parts: Vec<(&str, &str)> = msgs[0]
+        .parsed
+        .parts
+        .iter()
+        .map(|p| (p.content_type.as_str(), p.content.as_str()))
+        .collect();
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    assert_eq!(parts[0].0, "text/plain");
+    assert_eq!(
+        parts[0].1.strip_suffix("\r\n").unwrap_or(parts[0].1),
+        with_crlf(&text)
+    );
+    assert_eq!(parts[1].0, "text/html");
+    assert_eq!(
+        parts[1].1.strip_suffix("\r\n").unwrap_or(parts[1].1),
+        with_crlf(&html)
+    );
+}
+
+/// The header section's lines (up to the first empty line) of raw message bytes.
+fn header_lines(raw: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(raw);
+    let head = text.split("\r\n\r\n").next().unwrap();
+    head.split("\r\n").map(str::to_owned).collect()
+}
+
+#[tokio::test]
+async fn long_headers_are_folded_and_a_real_server_reads_them_back_exactly() {
+    let db = TestDb::new().await;
+    let sink = Sink::start(&[]).await;
+    let key = "wire:headers";
+    // 5 000 characters: a word too long for any line, non-ASCII words, plain words.
+    let subject = format!(
+        "{} {} {}",
+        "x".repeat(1500),
+        "Grüße aus Köln ✓".repeat(120),
+        "word ".repeat(400).trim_end()
+    );
+    assert!(subject.chars().count() >= 5000);
+    // 1 000 recipients in To, 50 in Cc, with every kind of display name.
+    let names = [
+        "".to_owned(),
+        "Bob Smith".to_owned(),
+        "Jörg Müller-Lüdenscheidt".to_owned(),
+        "Bob \"The Builder\" O'Neil, Jr.".to_owned(),
+        "n".repeat(300),
+        "A Very Long Display Name ".repeat(12).trim_end().to_owned(),
+        "Иванов Иван Иванович ".repeat(10).trim_end().to_owned(),
+    ];
+    let mailbox = |i: usize, domain: &str| {
+        let name = &names[i % names.len()];
+        let addr = format!("user{i}@{domain}");
+        let shown = if name.is_empty() {
+            addr.clone()
+        } else {
+            let quoted = name.replace('\\', "\\\\").replace('"', "\\\"");
+            format!("\"{quoted}\" <{addr}>")
+        };
+        (name.clone(), addr, shown)
+    };
+    let to: Vec<(String, String, String)> = (0..1000).map(|i| mailbox(i, "example.com")).collect();
+    let cc: Vec<(String, String, String)> = (0..50).map(|i| mailbox(i, "cc.example")).collect();
+    let from_name = format!("Shop {} Köln", "Verkauf ".repeat(40).trim_end());
+    let reply_name = "Kundendienst für Bestellungen und Rücksendungen ".repeat(6);
+    let reply_name = reply_name.trim_end();
+    let campaign = "spring sale ".repeat(250).trim_end().to_owned();
+    let unsubscribe = format!(
+        "<https://shop.example/unsubscribe?token={}>",
+        "t".repeat(400)
+    );
+    let note = "Grüße ".repeat(200).trim_end().to_owned();
+    enqueue_email(
+        &db,
+        key,
+        json!({
+            "from": format!("\"{from_name}\" <shop@shop.example>"),
+            "to": to.iter().map(|m| m.2.clone()).collect::<Vec<_>>(),
+            "cc": cc.iter().map(|m| m.2.clone()).collect::<Vec<_>>(),
+            "reply_to": format!("\"{reply_name}\" <help@shop.example>"),
+            "subject": subject,
+            "text": "Hi",
+            "headers": {"X-Campaign": campaign, "List-Unsubscribe": unsubscribe, "X-Note": note}
+        }),
+        1,
+        false,
+    )
+    .await;
+    // 1 050 RCPT TO take longer than the usual test timeout (and less than the lease).
+    let cfg = EmailConfig {
+        timeout: Duration::from_secs(8),
+        ..email_config(&sink.url())
+    };
+    let w = start(&db, cfg);
+    // One attempt: delivered, or dead (a relay may refuse lines over its limit).
+    wait_until(WAIT, "the message delivered or dead", || async {
+        matches!(row(&db, key).await.state.as_str(), "delivered" | "dead")
+    })
+    .await;
+    w.stop().await;
+    let r = row(&db, key).await;
+    assert_eq!(r.state, "delivered", "{:?}", r.last_error);
+    let msgs = sink.messages();
+    assert_eq!(msgs.len(), 1);
+    let m = &msgs[0];
+    assert_eq!(m.rcpt_tos.len(), 1050);
+
+    // Every header line within 78 octets, but for the one unbreakable URL, within 998.
+    let lines = header_lines(&m.raw_bytes());
+    let mut in_unsubscribe = false;
+    for line in &lines {
+        if !line.starts_with([' ', '\t']) {
+            in_unsubscribe = line.starts_with("List-Unsubscribe:");
+        }
+        assert!(line.len() <= 998, "{} octets: {line:?}", line.len());
+        if !in_unsubscribe {
+            assert!(line.len() <= 78, "{} octets: {line:?}", line.len());
+        }
+        assert!(
+            !line.trim().is_empty(),
+            "a folded line of whitespace only: {lines:?}"
+        );
+    }
+    let unsub: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("unsubscribe?token="))
+        .collect();
+    assert!(unsub[0].len() > 78, "the URL is one token");
+
+    // Python's e-mail package reads back every value exactly.
+    let decoded = |name: &str| -> String {
+        let all: Vec<&String> = m
+            .parsed
+            .decoded
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(all.len(), 1, "{name} appears {} times", all.len());
+        all[0].clone()
+    };
+    assert_eq!(decoded("Subject"), subject);
+    assert_eq!(decoded("X-Campaign"), campaign);
+    assert_eq!(decoded("List-Unsubscribe"), unsubscribe);
+    assert_eq!(decoded("X-Note"), note);
+    let addresses = |h: &str| m.parsed.addresses[h].clone();
+    let want = |list: &[(String, String, String)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(n, a, _)| (n.clone(), a.clone()))
+            .collect()
+    };
+    assert_eq!(addresses("to"), want(&to));
+    assert_eq!(addresses("cc"), want(&cc));
+    assert_eq!(
+        addresses("from"),
+        [(from_name.clone(), "shop@shop.example".to_owned())]
+    );
+    assert_eq!(
+        addresses("reply-to"),
+        [(reply_name.to_owned(), "help@shop.example".to_owned())]
+    );
+}

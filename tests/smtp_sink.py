@@ -19,8 +19,10 @@ import base64
 import email
 import email.header
 import email.policy
+import email.utils
 import json
 import os
+import re
 
 from aiosmtpd.smtp import SMTP
 
@@ -74,7 +76,22 @@ def parse(raw):
             "charset": part.get_content_charset(),
             "content": part.get_content(),
         })
-    return {"content_type": msg.get_content_type(), "headers": headers, "parts": parts}
+    # The same headers through the policy's own header classes: values unfolded and
+    # decoded per RFC 5322 and RFC 2047.
+    decoded = [[name, str(value)] for name, value in msg.items()]
+    # The address lists as (display name, address). Not through the policy's address
+    # parser: in a display name it joins adjacent encoded words with a space, where RFC
+    # 2047 section 6.2 says the white space between them is ignored (Python 3.11), so a
+    # long name split over several encoded words would come back with spaces added.
+    # Instead: unfold, decode the encoded words per RFC 2047, then parse the addresses.
+    addresses = {}
+    for name, value in msg.raw_items():
+        if name.lower() in ("from", "to", "cc", "reply-to"):
+            unfolded = re.sub(r"\r?\n(?=[ \t])", "", str(value))
+            text = str(email.header.make_header(email.header.decode_header(unfolded)))
+            addresses[name.lower()] = [list(a) for a in email.utils.getaddresses([text])]
+    return {"content_type": msg.get_content_type(), "headers": headers, "parts": parts,
+            "decoded": decoded, "addresses": addresses}
 
 
 async def main():

@@ -108,6 +108,9 @@ pub struct Received {
     pub rcpt_to: Vec<String>,
     /// The content, dot-unstuffed, without the end-of-data marker.
     pub content: Vec<u8>,
+    /// The bytes exactly as they came after the 354, up to and including the line that
+    /// ended the data (`.` and its line break): still dot-stuffed, nothing normalised.
+    pub wire: Vec<u8>,
 }
 
 impl Received {
@@ -149,7 +152,12 @@ struct State {
     starttls: bool,
     /// The answer to AUTH.
     auth: Option<Answer>,
+    /// End the data at a `.` line whose line breaks may be a lone CR or LF, as relays
+    /// open to SMTP smuggling did (2023); see [`FakeSmtp::end_data_at_any_line_break`].
+    lenient_end_of_data: bool,
     connections: usize,
+    /// Sessions that have ended (the client closed, or the fake did).
+    closed: usize,
     commands: Vec<String>,
     auth_plain: Vec<Vec<u8>>,
     received: Vec<Received>,
@@ -193,7 +201,8 @@ impl FakeSmtp {
             while let Ok((stream, _)) = listener.accept().await {
                 let st = st.clone();
                 tokio::spawn(async move {
-                    let _ = session(stream, st).await;
+                    let _ = session(stream, st.clone()).await;
+                    st.lock().unwrap().closed += 1;
                 });
             }
         });
@@ -223,6 +232,20 @@ impl FakeSmtp {
     /// Advertise AUTH PLAIN and answer it with `a`.
     pub fn require_auth(&self, a: Answer) {
         self.state.lock().unwrap().auth = Some(a);
+    }
+
+    /// Take `<LF>.<LF>`, `<LF>.<CR><LF>`, `<CR>.<CR><LF>` and `<CR>.<LF>` for the end of
+    /// data too, not only `<CR><LF>.<CR><LF>`: a relay open to SMTP smuggling. Whatever
+    /// follows such a marker is read as commands, so a message that carries one shows up
+    /// here as a second MAIL FROM and a second received message.
+    pub fn end_data_at_any_line_break(&self) {
+        self.state.lock().unwrap().lenient_end_of_data = true;
+    }
+
+    /// Sessions that have ended: once this equals [`FakeSmtp::connections`] after the
+    /// client closed its connections, everything the client sent has been read.
+    pub fn closed(&self) -> usize {
+        self.state.lock().unwrap().closed
     }
 
     /// Connections accepted so far.
@@ -384,31 +407,23 @@ async fn session(stream: TcpStream, st: Arc<Mutex<State>>) -> std::io::Result<()
                     let _ = r.read_exact(&mut buf).await;
                     return Ok(());
                 }
-                let mut content = Vec::new();
-                let mut l = Vec::new();
-                loop {
-                    l.clear();
-                    if r.read_until(b'\n', &mut l).await? == 0 {
+                let lenient = st.lock().unwrap().lenient_end_of_data;
+                let mut wire = Vec::new();
+                let marker = loop {
+                    let Ok(b) = r.read_u8().await else {
                         return Ok(());
-                    }
-                    if l == b".\r\n" {
-                        break;
-                    }
-                    let body = if l.starts_with(b"..") {
-                        &l[1..]
-                    } else {
-                        &l[..]
                     };
-                    content.extend_from_slice(body);
-                }
-                // The end-of-data marker's CRLF belongs to the marker.
-                if content.ends_with(b"\r\n") {
-                    content.truncate(content.len() - 2);
-                }
+                    wire.push(b);
+                    if let Some(n) = end_of_data(&wire, lenient) {
+                        break n;
+                    }
+                };
+                let content = unstuff(&wire[..wire.len() - marker]);
                 st.lock().unwrap().received.push(Received {
                     mail_from: mail_from.clone(),
                     rcpt_to: rcpt_to.clone(),
                     content,
+                    wire,
                 });
                 if !answer(&mut w, &p.end_of_data, "250 2.0.0 Ok: queued as FAKE1234").await {
                     return Ok(());
@@ -431,6 +446,48 @@ async fn session(stream: TcpStream, st: Arc<Mutex<State>>) -> std::io::Result<()
             _ => w.write_all(b"502 5.5.2 unknown command\r\n").await?,
         }
     }
+}
+
+/// Whether `wire` (the data so far) ends with an end-of-data marker; if so, the marker's
+/// length, the line break before the `.` included. Strict: `.<CR><LF>` as the first line
+/// or after a CRLF. Lenient: a `.` line whose line breaks may each be CR, LF or CRLF.
+fn end_of_data(wire: &[u8], lenient: bool) -> Option<usize> {
+    if !lenient {
+        if wire == b".\r\n" {
+            return Some(3);
+        }
+        return wire.ends_with(b"\r\n.\r\n").then_some(5);
+    }
+    let after = if wire.ends_with(b".\r\n") {
+        3
+    } else if wire.ends_with(b".\n") {
+        2
+    } else {
+        return None;
+    };
+    let before = &wire[..wire.len() - after];
+    if before.is_empty() {
+        Some(after)
+    } else if before.ends_with(b"\r\n") {
+        Some(after + 2)
+    } else if before.ends_with(b"\r") || before.ends_with(b"\n") {
+        Some(after + 1)
+    } else {
+        None
+    }
+}
+
+/// The content without its transparency dots: a line that starts with `..` loses one.
+fn unstuff(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len());
+    for line in data.split_inclusive(|&b| b == b'\n') {
+        out.extend_from_slice(
+            line.strip_prefix(b".")
+                .filter(|l| l.starts_with(b"."))
+                .unwrap_or(line),
+        );
+    }
+    out
 }
 
 /// The address between angle brackets of `MAIL FROM:<a>` or `RCPT TO:<a>`.
@@ -479,6 +536,10 @@ pub struct Parsed {
     pub headers: Vec<(String, String)>,
     /// The leaf parts, decoded.
     pub parts: Vec<Part>,
+    /// Headers in order as the policy's header classes read them: unfolded and decoded.
+    pub decoded: Vec<(String, String)>,
+    /// `from`, `to`, `cc`, `reply-to`: the mailboxes, (display name, address) each.
+    pub addresses: HashMap<String, Vec<(String, String)>>,
 }
 
 /// One leaf MIME part.
