@@ -72,6 +72,20 @@ fn rfc3339(t: time::OffsetDateTime) -> String {
         .unwrap_or_else(|_| t.to_string())
 }
 
+/// A timestamp column as RFC 3339 text, never a panic: a row may hold `infinity` or
+/// `-infinity` (enqueue refuses them since sql/0007, older rows may not), written as
+/// PostgreSQL writes them, or a year past what `time` reads, shown as such.
+fn stamp(row: &tokio_postgres::Row, i: usize) -> Option<String> {
+    use tokio_postgres::types::Timestamp;
+    match row.try_get::<_, Option<Timestamp<time::OffsetDateTime>>>(i) {
+        Ok(None) => None,
+        Ok(Some(Timestamp::Value(t))) => Some(rfc3339(t)),
+        Ok(Some(Timestamp::PosInfinity)) => Some("infinity".to_owned()),
+        Ok(Some(Timestamp::NegInfinity)) => Some("-infinity".to_owned()),
+        Err(_) => Some("(out of range)".to_owned()),
+    }
+}
+
 /// One dead letter, as `outboxd dead --json` prints it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeadLetter {
@@ -114,10 +128,7 @@ pub async fn dead_letters<C: GenericClient>(
             attempts: r.get(3),
             error_class: r.get(4),
             last_error: r.get(5),
-            dead_at: r
-                .get::<_, Option<time::OffsetDateTime>>(6)
-                .map(rfc3339)
-                .unwrap_or_default(),
+            dead_at: stamp(r, 6).unwrap_or_default(),
         })
         .collect())
 }
@@ -326,7 +337,7 @@ pub async fn show<C: GenericClient>(
     else {
         return Ok(None);
     };
-    let ts = |i: usize| r.get::<_, Option<time::OffsetDateTime>>(i).map(rfc3339);
+    let ts = |i: usize| stamp(&r, i);
     let mut detail = MessageDetail {
         id: r.get(0),
         message_key: r.get(1),
@@ -355,11 +366,8 @@ pub async fn show<C: GenericClient>(
         detail.history.push(AttemptRecord {
             attempt: a.get(0),
             worker: a.get(1),
-            started_at: a
-                .get::<_, Option<time::OffsetDateTime>>(2)
-                .map(rfc3339)
-                .unwrap_or_default(),
-            finished_at: a.get::<_, Option<time::OffsetDateTime>>(3).map(rfc3339),
+            started_at: stamp(&a, 2).unwrap_or_default(),
+            finished_at: stamp(&a, 3),
             outcome: a.get(4),
             error_class: a.get(5),
             error: a.get(6),

@@ -435,6 +435,17 @@ async fn status_and_the_metrics_counts_survive_rows_with_an_infinite_run_after()
     assert_eq!(v["pending"], json!(2), "{v}");
     let oldest = v["oldest_due_seconds"].as_f64().unwrap();
     assert!((60.0..160.0).contains(&oldest), "{v}");
+
+    // `show` of such a row prints the value (it used to panic reading it).
+    for (key, shown) in [("legacy:-inf:2", "-infinity"), ("legacy:+inf", "infinity")] {
+        let out = binary::run(binary::outboxd(Some(&db.url())).args(["show", key, "--json"]));
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+        let v: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(v["run_after"], json!(shown), "{v}");
+        let text = binary::run(binary::outboxd(Some(&db.url())).args(["show", key]));
+        assert_eq!(text.code, Some(0), "{}", text.stderr);
+        assert!(text.stdout.contains(shown), "{}", text.stdout);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
