@@ -15,10 +15,11 @@ use tokio_postgres::GenericClient;
 use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
-use crate::deliver::Channel;
+use crate::model::AttemptOutcome;
+use crate::model::Channel;
+use crate::model::ErrorClass;
 use crate::queries;
-use crate::retry::ErrorClass;
-use crate::state::{AttemptOutcome, Transition};
+use crate::state::Transition;
 
 /// A message claimed by this worker for one attempt.
 #[derive(Debug, Clone)]

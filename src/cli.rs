@@ -25,13 +25,16 @@ macro_rules! out_part {
 }
 
 use crate::config::{
-    ConfigError, DestinationPolicy, EmailConfig, SmtpUrl, WebhookConfig, WorkerConfig,
-    parse_duration, parse_message_id_domain, parse_webhook_secret,
+    DestinationPolicy, EmailConfig, SmtpUrl, WebhookConfig, WorkerConfig, parse_duration,
+    parse_message_id_domain, parse_webhook_secret,
 };
-use crate::deliver::{Channel, Deliverers, email::EmailSender, webhook::WebhookSender};
+use crate::deliver::{Deliverers, email::EmailSender, webhook::WebhookSender};
 use crate::enqueue::{EnqueueError, NewMessage};
+use crate::model::Channel;
+use crate::model::ConfigError;
+use crate::model::ErrorClass;
 use crate::ops::{DeadFilter, ReplayError, ReplaySelection, Target};
-use crate::retry::{ErrorClass, RetryPolicy};
+use crate::retry::RetryPolicy;
 use crate::worker::Worker;
 
 /// outboxd: a transactional outbox worker for e-mails and webhooks on PostgreSQL.
@@ -569,7 +572,7 @@ async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> {
         out_part!(" {:>10}", esc(c));
     }
     out!();
-    for state in crate::state::State::ALL {
+    for state in crate::model::State::ALL {
         out_part!("{:<10} {:>10}", state.as_str(), st.total.get(state));
         for c in &channels {
             out_part!(" {:>10}", st.by_channel.get(*c).map_or(0, |n| n.get(state)));

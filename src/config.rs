@@ -6,16 +6,12 @@
 //! value stops the process with one line; nothing here reads the environment twice or
 //! mutates it.
 
+use crate::model::ConfigError;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::deliver::Channel;
+use crate::model::Channel;
 use crate::retry::RetryPolicy;
-
-/// A configuration error: the message is one line naming the setting.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
 
 /// Parses a duration written `100ms`, `5s`, `15m`, `24h` or `7d` (an integer and one unit).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::{Client, NoTls};
 
-use crate::config::ConfigError;
+use crate::model::ConfigError;
 
 /// Parses `DATABASE_URL` (a `postgres://` URL or a libpq key=value string).
 pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, ConfigError> {

@@ -12,7 +12,7 @@ use tokio_postgres::GenericClient;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
-use crate::deliver::Channel;
+use crate::model::Channel;
 use crate::queries;
 
 /// A message to enqueue.

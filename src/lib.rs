@@ -9,6 +9,7 @@
 //!
 //! # Layout
 //!
+//! * [`model`]: the shared vocabulary: channels, states, outcomes, error classes.
 //! * [`migrate`]: the SQL files in `sql/`, embedded, applied in order under an advisory lock.
 //! * [`enqueue`]: the library face applications call inside their own transaction.
 //! * [`queries`]: every runtime SQL statement, each with its contract.
@@ -36,6 +37,7 @@ pub mod deliver;
 pub mod enqueue;
 pub mod metrics;
 pub mod migrate;
+pub mod model;
 pub mod ops;
 pub mod queries;
 pub mod retry;
@@ -44,7 +46,5 @@ pub mod status;
 pub mod text;
 pub mod worker;
 
-pub use deliver::Channel;
 pub use enqueue::{EnqueueError, Enqueued, NewMessage, enqueue, enqueue_many};
-pub use retry::ErrorClass;
-pub use state::State;
+pub use model::{Channel, ErrorClass, State};

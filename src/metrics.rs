@@ -16,9 +16,9 @@ use axum::response::IntoResponse;
 use deadpool_postgres::Pool;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::config::ConfigError;
-use crate::deliver::Channel;
-use crate::state::{AttemptOutcome, State as MessageState};
+use crate::model::Channel;
+use crate::model::ConfigError;
+use crate::model::{AttemptOutcome, State as MessageState};
 
 /// Attempts finished, by channel and recorded outcome.
 pub const DELIVERIES_TOTAL: &str = "outboxd_deliveries_total";

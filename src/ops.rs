@@ -11,9 +11,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, GenericClient};
 
-use crate::deliver::Channel;
+use crate::model::Channel;
+use crate::model::ErrorClass;
 use crate::queries;
-use crate::retry::ErrorClass;
 
 /// A message named on the command line: digits only is an id, anything else a key.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,59 +4,8 @@
 //! [`crate::deliver::DeliveryError`]); the class alone decides whether another attempt is
 //! safe ([`crate::state::decide`]) and this module decides when.
 
-use std::fmt;
+use crate::model::ErrorClass;
 use std::time::Duration;
-
-/// Why an attempt failed: the `error_class` column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorClass {
-    /// Nothing took effect and another attempt may succeed: connection refused, DNS or TLS
-    /// failure, HTTP 408/425/429/5xx, SMTP 4xx.
-    Transient,
-    /// The request may have taken effect: a timeout or a lost connection after the request
-    /// was sent, or a lease that expired while running.
-    Ambiguous,
-    /// The provider refused it and will refuse it again: other HTTP 4xx, 3xx, SMTP 5xx.
-    Permanent,
-    /// The message itself is wrong (bad payload, forbidden destination); no network call
-    /// was made.
-    Invalid,
-    /// A transient failure on the last allowed attempt.
-    Exhausted,
-}
-
-impl ErrorClass {
-    /// Every class.
-    pub const ALL: [ErrorClass; 5] = [
-        ErrorClass::Transient,
-        ErrorClass::Ambiguous,
-        ErrorClass::Permanent,
-        ErrorClass::Invalid,
-        ErrorClass::Exhausted,
-    ];
-
-    /// The text stored in the database.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorClass::Transient => "transient",
-            ErrorClass::Ambiguous => "ambiguous",
-            ErrorClass::Permanent => "permanent",
-            ErrorClass::Invalid => "invalid",
-            ErrorClass::Exhausted => "exhausted",
-        }
-    }
-
-    /// Parses the text stored in the database.
-    pub fn parse(s: &str) -> Option<ErrorClass> {
-        ErrorClass::ALL.into_iter().find(|c| c.as_str() == s)
-    }
-}
-
-impl fmt::Display for ErrorClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Classifies an HTTP status that is not a success.
 ///

@@ -5,106 +5,11 @@
 //! delivery returned to the next state; the SQL in [`crate::queries`] only writes what it is
 //! given, and a test checks that the two agree on every arm.
 
-use std::fmt;
+use crate::model::{AttemptOutcome, State};
 use std::time::Duration;
 
-use crate::retry::{ErrorClass, RetryPolicy};
-
-/// The `state` column of `outbox.messages`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum State {
-    /// Waiting for `run_after`, then for a worker.
-    Pending,
-    /// Claimed by a worker whose lease has not expired (or whose death is not yet noticed).
-    Running,
-    /// The provider accepted it. Final.
-    Delivered,
-    /// Given up on; an operator may replay it. Final until then.
-    Dead,
-}
-
-impl State {
-    /// Every state, in lifecycle order.
-    pub const ALL: [State; 4] = [
-        State::Pending,
-        State::Running,
-        State::Delivered,
-        State::Dead,
-    ];
-
-    /// The text stored in the database.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Pending => "pending",
-            State::Running => "running",
-            State::Delivered => "delivered",
-            State::Dead => "dead",
-        }
-    }
-
-    /// Parses the text stored in the database.
-    pub fn parse(s: &str) -> Option<State> {
-        State::ALL.into_iter().find(|st| st.as_str() == s)
-    }
-}
-
-impl fmt::Display for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The `outcome` column of `outbox.attempts`: how one attempt (or operator action) ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AttemptOutcome {
-    /// The provider accepted the message.
-    Delivered,
-    /// It failed and another attempt is scheduled.
-    Retry,
-    /// It failed and the message is dead.
-    Dead,
-    /// The worker's lease had been taken over; its result was not recorded on the message.
-    LeaseLost,
-    /// Claimed but never started (shutdown); the attempt was not counted.
-    Released,
-    /// An operator moved a dead message back to pending.
-    Replayed,
-}
-
-impl AttemptOutcome {
-    /// Every outcome.
-    pub const ALL: [AttemptOutcome; 6] = [
-        AttemptOutcome::Delivered,
-        AttemptOutcome::Retry,
-        AttemptOutcome::Dead,
-        AttemptOutcome::LeaseLost,
-        AttemptOutcome::Released,
-        AttemptOutcome::Replayed,
-    ];
-
-    /// The text stored in the database.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttemptOutcome::Delivered => "delivered",
-            AttemptOutcome::Retry => "retry",
-            AttemptOutcome::Dead => "dead",
-            AttemptOutcome::LeaseLost => "lease_lost",
-            AttemptOutcome::Released => "released",
-            AttemptOutcome::Replayed => "replayed",
-        }
-    }
-
-    /// Parses the text stored in the database.
-    pub fn parse(s: &str) -> Option<AttemptOutcome> {
-        AttemptOutcome::ALL.into_iter().find(|o| o.as_str() == s)
-    }
-}
-
-impl fmt::Display for AttemptOutcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::model::ErrorClass;
+use crate::retry::RetryPolicy;
 
 /// What the worker writes after an attempt: the next state and why.
 #[derive(Debug, Clone, Copy, PartialEq)]

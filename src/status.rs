@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use tokio_postgres::GenericClient;
 
+use crate::model::State;
 use crate::queries;
-use crate::state::State;
 
 /// Messages by state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -105,7 +105,7 @@ async fn oldest_due_seconds<C: GenericClient>(client: &C) -> Result<f64, tokio_p
 /// figure whose cost does not grow with the table).
 pub async fn status<C: GenericClient>(client: &C) -> Result<Status, tokio_postgres::Error> {
     let mut st = Status::default();
-    for ch in crate::deliver::Channel::ALL {
+    for ch in crate::model::Channel::ALL {
         st.by_channel
             .insert(ch.as_str().to_owned(), Counts::default());
     }

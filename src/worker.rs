@@ -37,10 +37,12 @@ use uuid::Uuid;
 
 use crate::claim::{self, Claimed, Completion};
 use crate::config::WorkerConfig;
-use crate::deliver::{Channel, Deliverers, Outgoing, Ready};
+use crate::deliver::{Deliverers, Outgoing, Ready};
+use crate::model::AttemptOutcome;
+use crate::model::Channel;
+use crate::model::ErrorClass;
 use crate::queries;
-use crate::retry::ErrorClass;
-use crate::state::{AttemptOutcome, Budget, decide};
+use crate::state::{Budget, decide};
 
 /// Counts of what a run did, returned when it stops.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -141,11 +143,12 @@ impl Worker {
     ) -> Result<RunSummary, WorkerError> {
         let shared = self.shared;
         let cfg = &shared.cfg;
-        // Start-up's check (WorkerConfig::validate) is stricter; a worker built by hand
-        // that skipped it would otherwise claim and release the same rows forever.
+        // Start-up's rule (WorkerConfig::validate), for a worker built by hand: one whose
+        // lease leaves an attempt no time to wait for a slot would claim and release the
+        // same rows for ever.
         for &channel in &cfg.channels {
             if let Some(timeout) = shared.deliverers.timeout(channel) {
-                if !cfg.attempt_fits(Duration::ZERO, timeout) {
+                if !cfg.attempt_fits(crate::config::LEASE_MIN_WAIT, timeout) {
                     return Err(WorkerError::LeaseTooShort {
                         channel,
                         timeout,

@@ -12,7 +12,7 @@ use common::binary::{outboxd, run_within};
 use common::smtp::{Answer, FakeSmtp, Plan, Sink, closed_port, reply};
 use common::*;
 use outboxd::config::{EmailConfig, SmtpUrl, WorkerConfig};
-use outboxd::deliver::Channel;
+use outboxd::model::Channel;
 use serde_json::{Value, json};
 use sha2::Digest as _;
 
@@ -1354,12 +1354,17 @@ async fn long_headers_are_folded_and_a_real_server_reads_them_back_exactly() {
         false,
     )
     .await;
-    // 1 050 RCPT TO take longer than the usual test timeout (and less than the lease).
+    // 1 050 RCPT TO take longer than the usual test timeout, under a lease that leaves
+    // room for it.
     let cfg = EmailConfig {
         timeout: Duration::from_secs(8),
         ..email_config(&sink.url())
     };
-    let w = start(&db, cfg);
+    let worker = WorkerConfig {
+        lease: Duration::from_secs(20),
+        ..email_worker_config()
+    };
+    let w = RunningWorker::start_with(&db, worker, test_webhook_config(), Some(cfg));
     // One attempt: delivered, or dead (a relay may refuse lines over its limit).
     wait_until(WAIT, "the message delivered or dead", || async {
         matches!(row(&db, key).await.state.as_str(), "delivered" | "dead")

@@ -11,9 +11,10 @@ use std::time::{Duration, SystemTime};
 use common::receiver::{Receiver, Reply};
 use common::*;
 use outboxd::claim::{self, Completion};
-use outboxd::deliver::Channel;
-use outboxd::retry::ErrorClass;
-use outboxd::state::{AttemptOutcome, Transition};
+use outboxd::model::AttemptOutcome;
+use outboxd::model::Channel;
+use outboxd::model::ErrorClass;
+use outboxd::state::Transition;
 
 const WEBHOOK: &[Channel] = &[Channel::Webhook];
 

@@ -491,7 +491,7 @@ async fn bounded_counts_are_exact_below_the_cap_and_estimated_above() {
     // Five pending rows against a cap of 3: the pending figure is an estimate, and never
     // below the cap, even before statistics exist; the others stay exact.
     let capped = outboxd::status::bounded_counts(&c, 3).await.unwrap();
-    assert_eq!(capped.estimated, vec![outboxd::state::State::Pending]);
+    assert_eq!(capped.estimated, vec![outboxd::model::State::Pending]);
     assert!(capped.counts.pending >= 3, "{capped:?}");
     assert_eq!((capped.counts.delivered, capped.counts.dead), (2, 1));
 
@@ -499,7 +499,7 @@ async fn bounded_counts_are_exact_below_the_cap_and_estimated_above() {
     c.batch_execute("ANALYZE outbox.messages").await.unwrap();
     let analyzed = outboxd::status::bounded_counts(&c, 3).await.unwrap();
     assert_eq!(analyzed.counts.pending, 5, "{analyzed:?}");
-    assert_eq!(analyzed.estimated, vec![outboxd::state::State::Pending]);
+    assert_eq!(analyzed.estimated, vec![outboxd::model::State::Pending]);
 
     // The exact count agrees where both are exact.
     let full = outboxd::status::status(&c).await.unwrap();

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use outboxd::deliver::guard::is_forbidden;
 use outboxd::deliver::webhook::parse_payload;
-use outboxd::retry::{ErrorClass, RetryPolicy, classify_http_status};
+use outboxd::model::ErrorClass;
+use outboxd::retry::{RetryPolicy, classify_http_status};
 use outboxd::state::{Budget, Transition, decide};
 use proptest::prelude::*;
 use serde_json::{Map, Value};

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use common::faulty::{Fault, Faulty};
 use common::receiver::Receiver;
 use common::*;
-use outboxd::retry::{ErrorClass, RetryPolicy};
+use outboxd::model::ErrorClass;
+use outboxd::retry::RetryPolicy;
 use outboxd::state::{Budget, Transition, decide};
 
 fn figures(line: &str) {

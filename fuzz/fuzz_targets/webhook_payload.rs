@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use outboxd::deliver::webhook::parse_payload;
-use outboxd::retry::ErrorClass;
+use outboxd::model::ErrorClass;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -59,8 +59,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
 use super::{Delivered, DeliveryError, Outgoing};
-use crate::config::{ConfigError, EmailConfig, SmtpTls};
-use crate::retry::ErrorClass;
+use crate::config::{EmailConfig, SmtpTls};
+use crate::model::ConfigError;
+use crate::model::ErrorClass;
 
 /// How long an idle connection is kept for reuse. Relays close idle sessions after a few
 /// minutes (Postfix: 300 s); a minute keeps most reused connections alive.

@@ -9,43 +9,10 @@ pub mod email;
 pub mod guard;
 pub mod webhook;
 
-use std::fmt;
+use crate::model::Channel;
 use std::time::Duration;
 
-use crate::retry::ErrorClass;
-
-/// The `channel` column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Channel {
-    /// An HTTP request to a URL in the payload.
-    Webhook,
-    /// An e-mail through the configured SMTP relay.
-    Email,
-}
-
-impl Channel {
-    /// Every channel.
-    pub const ALL: [Channel; 2] = [Channel::Webhook, Channel::Email];
-
-    /// The text stored in the database.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Channel::Webhook => "webhook",
-            Channel::Email => "email",
-        }
-    }
-
-    /// Parses the text stored in the database or given on the command line.
-    pub fn parse(s: &str) -> Option<Channel> {
-        Channel::ALL.into_iter().find(|c| c.as_str() == s)
-    }
-}
-
-impl fmt::Display for Channel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::model::ErrorClass;
 
 /// What a provider answered to an accepted message.
 #[derive(Debug, Clone, PartialEq)]

@@ -18,8 +18,10 @@ use sha2::Sha256;
 
 use super::guard::{BlockedDestination, Guard, GuardedResolver};
 use super::{Delivered, DeliveryError, Outgoing};
-use crate::config::{ConfigError, WebhookConfig};
-use crate::retry::{ErrorClass, classify_http_status};
+use crate::config::WebhookConfig;
+use crate::model::ConfigError;
+use crate::model::ErrorClass;
+use crate::retry::classify_http_status;
 
 /// Most bytes of a response body read (and discarded) to keep the connection reusable.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
