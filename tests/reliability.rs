@@ -343,7 +343,7 @@ async fn terminated_database_connections_lose_nothing() {
         email: None,
     };
     let cfg = outboxd::config::WorkerConfig {
-        lease: Duration::from_secs(3),
+        lease: Duration::from_secs(4),
         concurrency: 16,
         batch_size: 25,
         ..test_worker_config("victim")
