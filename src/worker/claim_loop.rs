@@ -1,0 +1,262 @@
+//! The claim loop, as named steps: reap finished tasks, [`ClaimLoop::claim_round`] (one
+//! claim per lane with room, each claimed row spawned as a delivery task), then
+//! [`ClaimLoop::after_claim`] decides what comes next: claim again at once (a claim came
+//! back full), wait for a slot (every lane is full), back off (the database failed), or
+//! wait for a wake-up or the poll interval (idle; with `--drain`, stop when nothing is
+//! left).
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
+
+use super::attempt::{Done, spawn_attempt};
+use super::db_call::{Backoff, bounded, checkout};
+use super::lane::Lane;
+use super::{Shared, lock};
+use crate::claim;
+
+/// The loop's state between rounds.
+pub(super) struct ClaimLoop {
+    shared: Arc<Shared>,
+    /// One permit per delivery in flight (`--concurrency`).
+    slots: Arc<Semaphore>,
+    done_tx: mpsc::Sender<Done>,
+    /// Tells the LISTEN task whether the loop is idle, so that it holds the idle mark.
+    idle_tx: watch::Sender<bool>,
+    /// Most delivery tasks at once: the concurrency plus up to one batch claimed ahead.
+    capacity: usize,
+    lanes: Vec<Lane>,
+    tasks: JoinSet<()>,
+    db_backoff: Backoff,
+}
+
+/// What one round of claims found.
+struct Round {
+    /// At least one lane had room and claimed.
+    claimed_any: bool,
+    /// Some claim came back full: more is due.
+    full: bool,
+    /// Rows picked over every lane (dead-lettered ones included).
+    picked: usize,
+    /// Why a claim failed, if one did (the rest of the round was skipped).
+    failed: Option<String>,
+}
+
+/// What the loop does after a round.
+enum Next {
+    /// More is due: claim again at once.
+    ClaimAgain,
+    /// Every lane is full: wait until a delivery finishes.
+    WaitForSlot,
+    /// The database failed: try again after this.
+    BackOff(Duration),
+    /// Idle: wait for a wake-up or the poll interval.
+    Idle,
+    /// `--drain` and nothing is left.
+    Stop,
+}
+
+impl ClaimLoop {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        done_tx: mpsc::Sender<Done>,
+        idle_tx: watch::Sender<bool>,
+    ) -> Self {
+        let cfg = &shared.cfg;
+        // Rows claimed ahead of free slots: each waits in its task for a slot, so a slot
+        // that frees starts its next message at once instead of after a claim's round trip
+        // (with a backlog, that round trip is what left slots idle). At most one batch
+        // ahead, never more than the concurrency.
+        let capacity = cfg.concurrency + cfg.concurrency.min(cfg.batch_size);
+        ClaimLoop {
+            slots: Arc::new(Semaphore::new(cfg.concurrency)),
+            lanes: Lane::plan(&cfg.channels, &shared.deliverers, capacity),
+            capacity,
+            shared,
+            done_tx,
+            idle_tx,
+            tasks: JoinSet::new(),
+            db_backoff: Backoff::new(),
+        }
+    }
+
+    /// Claims and spawns until `shutdown` resolves (or, with `--drain`, nothing is left).
+    pub(super) async fn run(&mut self, shutdown: impl Future<Output = ()>) {
+        let mut shutdown = pin!(shutdown);
+        loop {
+            while self.tasks.try_join_next().is_some() {}
+            let Some(round) = self.claim_round(shutdown.as_mut()).await else {
+                return;
+            };
+            let next = self.after_claim(round).await;
+            let stopped = match next {
+                Next::ClaimAgain => false,
+                Next::Stop => true,
+                Next::WaitForSlot => tokio::select! {
+                    _ = self.shared.wake.notified() => false,
+                    _ = shutdown.as_mut() => true,
+                },
+                Next::BackOff(wait) => tokio::select! {
+                    _ = tokio::time::sleep(wait) => false,
+                    _ = shutdown.as_mut() => true,
+                },
+                Next::Idle => tokio::select! {
+                    _ = self.shared.wake.notified() => false,
+                    _ = tokio::time::sleep(self.shared.cfg.poll_interval) => false,
+                    _ = shutdown.as_mut() => true,
+                },
+            };
+            if stopped {
+                return;
+            }
+        }
+    }
+
+    /// The delivery tasks still running, and the completer's sender, for shutdown.
+    pub(super) fn into_parts(self) -> (JoinSet<()>, mpsc::Sender<Done>) {
+        (self.tasks, self.done_tx)
+    }
+
+    /// One claim per lane with room, each row spawned as a delivery task. None when
+    /// `shutdown` resolved first.
+    async fn claim_round(
+        &mut self,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Option<Round> {
+        let shared = &self.shared;
+        let cfg = &shared.cfg;
+        let mut free = self.capacity.saturating_sub(self.tasks.len());
+        let mut round = Round {
+            claimed_any: false,
+            full: false,
+            picked: 0,
+            failed: None,
+        };
+        for lane in &mut self.lanes {
+            let room = free.min(lane.room());
+            // With a backlog, wait until a useful number of slots is free so each claim
+            // fetches a batch rather than one row per finished delivery; when the queue
+            // is idle, any free slot takes a new message at once.
+            if room < lane.threshold(cfg) {
+                continue;
+            }
+            let want = room.min(cfg.batch_size);
+            // Taken before the claim: the lease runs from the claim's statement, so this is
+            // never later than the lease's own start.
+            let claimed_at = Instant::now();
+            // Bounded, and raced against shutdown: a database that stops answering must
+            // neither freeze the loop nor delay a SIGTERM. A claim cut off after it
+            // committed leaves rows leased to us that we never saw; their leases expire and
+            // the next claim takes them over (nothing was sent). Shutdown is checked
+            // first: a stop that is already due never starts a claim.
+            let claimed = tokio::select! {
+                biased;
+                _ = shutdown.as_mut() => return None,
+                r = bounded(async {
+                    let client = checkout(&shared.pool).await?;
+                    claim::claim_cached(&client, &lane.channels, want, &cfg.worker_id, cfg.lease)
+                        .await
+                        .map_err(|e| crate::db::describe(&e))
+                }) => r,
+            };
+            let batch = match claimed {
+                Ok(b) => b,
+                Err(e) => {
+                    round.failed = Some(e);
+                    break;
+                }
+            };
+            round.claimed_any = true;
+            log_gave_up(shared, &batch.gave_up);
+            // Rows dead-lettered by the claim took places in the batch too.
+            let picked = batch.claimed.len() + batch.gave_up.len();
+            round.picked += picked;
+            free = free.saturating_sub(batch.claimed.len());
+            crate::metrics::claim_batch(batch.claimed.len());
+            for msg in batch.claimed {
+                spawn_attempt(
+                    &mut self.tasks,
+                    shared,
+                    &self.slots,
+                    &self.done_tx,
+                    lane,
+                    msg,
+                    claimed_at,
+                );
+            }
+            lane.backlog = picked == want;
+            round.full |= lane.backlog;
+        }
+        Some(round)
+    }
+
+    /// What comes after a round; also tells the LISTEN task whether the loop is idle.
+    async fn after_claim(&mut self, round: Round) -> Next {
+        if let Some(e) = round.failed {
+            let wait = self.db_backoff.next();
+            tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "claim failed; retrying");
+            return Next::BackOff(wait);
+        }
+        if !round.claimed_any {
+            // Every lane is full: a finished delivery wakes the loop.
+            return Next::WaitForSlot;
+        }
+        self.db_backoff.reset();
+        // Idle while any lane's last claim came back short: that lane needs wake-ups.
+        let busy = self.lanes.iter().all(|l| l.backlog);
+        self.idle_tx.send_if_modified(|idle| {
+            let changed = *idle == busy;
+            *idle = !busy;
+            changed
+        });
+        if round.full {
+            return Next::ClaimAgain;
+        }
+        let shared = &self.shared;
+        if shared.cfg.drain && round.picked == 0 && shared.inflight.load(Ordering::SeqCst) == 0 {
+            match drain_done(shared).await {
+                Ok(true) => {
+                    tracing::info!("drained: nothing pending or running on this worker's channels");
+                    return Next::Stop;
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "drain check failed"),
+            }
+        }
+        Next::Idle
+    }
+}
+
+/// Logs the rows a claim dead-lettered because their lease had expired.
+fn log_gave_up(shared: &Shared, gave_up: &[claim::GaveUp]) {
+    for g in gave_up {
+        tracing::warn!(
+            message_id = g.id,
+            key = %crate::text::Escaped(&g.key),
+            channel = %g.channel,
+            attempt = %format_args!("{}/{}", g.attempt, g.max_attempts),
+            outcome = "dead",
+            error_class = "ambiguous",
+            "lease expired while running and no retry is allowed; dead-lettered"
+        );
+        crate::metrics::gave_up(g.channel);
+    }
+    if !gave_up.is_empty() {
+        lock(&shared.summary).dead += gave_up.len() as u64;
+    }
+}
+
+async fn drain_done(shared: &Shared) -> Result<bool, String> {
+    let unfinished = bounded(async {
+        let client = checkout(&shared.pool).await?;
+        claim::has_unfinished(&**client, &shared.cfg.channels)
+            .await
+            .map_err(|e| crate::db::describe(&e))
+    })
+    .await?;
+    Ok(!unfinished)
+}

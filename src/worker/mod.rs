@@ -1,0 +1,249 @@
+//! The worker loop: claim, deliver with bounded concurrency, complete in batches.
+//!
+//! ```text
+//!   claim loop ──(Claimed)──▶ delivery tasks (≤ concurrency) ──(Done)──▶ completer
+//!       ▲                                                                  │
+//!       └────────────── wake: LISTEN, a freed slot, poll interval ◀────────┘
+//! ```
+//!
+//! * The claim loop asks for as many rows as it has free slots, plus up to one batch ahead
+//!   (at most `batch_size` per claim), in one short committed statement; a row claimed
+//!   ahead waits in its task for a slot. No transaction is open while a message is sent.
+//! * A channel that bounds its own sends (e-mail: the relay's connections) is claimed in a
+//!   lane of its own, never past that bound.
+//! * An attempt starts only when its whole timeout, and a margin, still fit in the lease
+//!   ([`WorkerConfig::attempt_fits`]); a row that waited too long is released unsent, so a
+//!   lease never runs out while its request is in flight.
+//! * Each delivery runs in its own task holding a semaphore permit; its result goes through
+//!   [`decide`] and then to the completer.
+//! * The completer writes every completion that is waiting in one fenced statement, so
+//!   batching grows with load and costs no latency when idle.
+//!
+//! The rooms: `claim_loop` (the loop's steps), `lane` (which channels a claim asks
+//! for), `attempt` (one delivery task), `completer` (batched writes and the attempt log),
+//! `wakeup` (LISTEN and the idle mark), `db_call` (bounded database calls, back-off).
+//!
+//! Database errors anywhere are logged and retried with back-off; nothing is dropped.
+//! A completion that cannot be written before the process exits is not lost either: the
+//! row stays `running`, its lease expires, and the next claim records the attempt as
+//! ambiguous.
+
+mod attempt;
+mod claim_loop;
+mod completer;
+mod db_call;
+mod lane;
+mod wakeup;
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::WorkerConfig;
+use crate::deliver::Deliverers;
+use crate::model::Channel;
+use attempt::Done;
+use claim_loop::ClaimLoop;
+
+/// Counts of what a run did, returned when it stops.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Attempts that delivered.
+    pub delivered: u64,
+    /// Attempts that failed and were scheduled again.
+    pub retried: u64,
+    /// Attempts (and expired leases) that dead-lettered a message.
+    pub dead: u64,
+    /// Attempts whose result was not recorded because the lease had been taken over.
+    pub lease_lost: u64,
+    /// Claimed messages given back unstarted at shutdown.
+    pub released: u64,
+}
+
+/// Why the worker stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A task of the worker panicked (a bug).
+    #[error("worker task failed: {0}")]
+    Task(String),
+    /// The lease leaves no room for a channel's attempts: none could ever start.
+    #[error("the lease ({lease:?}) is too short for {channel} attempts of up to {timeout:?}")]
+    LeaseTooShort {
+        /// The channel.
+        channel: Channel,
+        /// Its attempt timeout.
+        timeout: Duration,
+        /// The configured lease.
+        lease: Duration,
+    },
+}
+
+/// State shared by the loop, the delivery tasks and the completer.
+struct Shared {
+    cfg: WorkerConfig,
+    pool: Pool,
+    deliverers: Deliverers,
+    /// Wakes the claim loop: a notification, a freed slot, a flushed completion.
+    wake: Notify,
+    /// Claimed and not yet completed or released (in the database's view: rows we lease).
+    inflight: AtomicUsize,
+    /// Set at shutdown: tasks that have not started release their row instead.
+    stopping: CancellationToken,
+    summary: Mutex<RunSummary>,
+}
+
+/// A worker: a pool, settings, and the channels it delivers on.
+pub struct Worker {
+    shared: Arc<Shared>,
+    listen: Option<tokio_postgres::Config>,
+}
+
+impl Worker {
+    /// A worker using `pool` for claims and completions. `listen`: connection settings for
+    /// the LISTEN connection (None polls only).
+    pub fn new(
+        pool: Pool,
+        cfg: WorkerConfig,
+        deliverers: Deliverers,
+        listen: Option<tokio_postgres::Config>,
+    ) -> Self {
+        let listen = if cfg.listen { listen } else { None };
+        Worker {
+            shared: Arc::new(Shared {
+                cfg,
+                pool,
+                deliverers,
+                wake: Notify::new(),
+                inflight: AtomicUsize::new(0),
+                stopping: CancellationToken::new(),
+                summary: Mutex::new(RunSummary::default()),
+            }),
+            listen,
+        }
+    }
+
+    /// Runs until `shutdown` resolves (or, with `drain`, until nothing is left to do),
+    /// then finishes in-flight attempts within the grace period.
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<RunSummary, WorkerError> {
+        let shared = self.shared;
+        check_lease(&shared)?;
+        let cfg = &shared.cfg;
+        tracing::info!(
+            worker_id = %cfg.worker_id,
+            channels = ?cfg.channels.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
+            concurrency = cfg.concurrency,
+            batch_size = cfg.batch_size,
+            "worker started"
+        );
+        let (done_tx, done_rx) = mpsc::channel::<Done>(cfg.concurrency.max(16) * 2);
+        let hard_stop = CancellationToken::new();
+        let completer = tokio::spawn(completer::completer(
+            shared.clone(),
+            done_rx,
+            hard_stop.clone(),
+        ));
+        // Whether the loop is idle (its last claim came back short): the listener then holds
+        // the idle mark, so that enqueueing transactions notify.
+        let (idle_tx, idle_rx) = watch::channel(false);
+        let listener = self
+            .listen
+            .map(|pg| tokio::spawn(wakeup::listen(pg, shared.clone(), idle_rx)));
+
+        let mut claims = ClaimLoop::new(shared.clone(), done_tx, idle_tx);
+        claims.run(shutdown).await;
+        let (tasks, done_tx) = claims.into_parts();
+
+        let completed = shut_down(&shared, tasks, done_tx, completer, hard_stop).await;
+        if let Some(l) = listener {
+            l.abort();
+        }
+        completed?;
+        let summary = lock(&shared.summary).clone();
+        tracing::info!(
+            delivered = summary.delivered,
+            retried = summary.retried,
+            dead = summary.dead,
+            lease_lost = summary.lease_lost,
+            released = summary.released,
+            "worker stopped"
+        );
+        Ok(summary)
+    }
+}
+
+/// Start-up's rule (WorkerConfig::validate), for a worker built by hand: one whose lease
+/// leaves an attempt no time to wait for a slot would claim and release the same rows for
+/// ever.
+fn check_lease(shared: &Shared) -> Result<(), WorkerError> {
+    let cfg = &shared.cfg;
+    for &channel in &cfg.channels {
+        if let Some(timeout) = shared.deliverers.timeout(channel) {
+            if !cfg.attempt_fits(crate::config::LEASE_MIN_WAIT, timeout) {
+                return Err(WorkerError::LeaseTooShort {
+                    channel,
+                    timeout,
+                    lease: cfg.lease,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Shutdown, once the loop has stopped claiming: let in-flight attempts finish within the
+/// grace period (attempts not started yet release their rows), then give the completer
+/// until the same deadline (at least a few seconds) to write what is left; past that,
+/// pending writes are abandoned to lease expiry.
+async fn shut_down(
+    shared: &Shared,
+    mut tasks: JoinSet<()>,
+    done_tx: mpsc::Sender<Done>,
+    completer: tokio::task::JoinHandle<()>,
+    hard_stop: CancellationToken,
+) -> Result<(), WorkerError> {
+    let cfg = &shared.cfg;
+    shared.stopping.cancel();
+    let deadline = tokio::time::Instant::now() + cfg.shutdown_grace;
+    while tasks.try_join_next().is_some() {}
+    if !tasks.is_empty() {
+        tracing::info!(
+            in_flight = tasks.len(),
+            grace_ms = cfg.shutdown_grace.as_millis() as u64,
+            "stopping: finishing in-flight attempts"
+        );
+    }
+    let finished = tokio::time::timeout_at(deadline, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!(
+            abandoned = tasks.len(),
+            "grace period over: abandoning in-flight attempts (their leases will expire and the attempts count as ambiguous)"
+        );
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+    drop(done_tx);
+    let completer_deadline = deadline.max(tokio::time::Instant::now() + Duration::from_secs(5));
+    let stopper = hard_stop.clone();
+    let guard = tokio::spawn(async move {
+        tokio::time::sleep_until(completer_deadline).await;
+        stopper.cancel();
+    });
+    let completed = completer.await;
+    guard.abort();
+    completed.map_err(|e| WorkerError::Task(e.to_string()))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
