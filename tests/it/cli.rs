@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::binary::{Output, UNREACHABLE_URL, outboxd, run};
 use common::*;

@@ -11,7 +11,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime};
 
@@ -69,7 +69,7 @@ async fn attacker(db: &TestDb) -> (Roles, tokio_postgres::Config) {
         db: db.name.clone(),
         names: vec![login.clone(), app.clone(), worker.clone()],
     };
-    let grants = include_str!("../sql/grants.sql")
+    let grants = include_str!("../../sql/grants.sql")
         .replace("outbox_app", &app)
         .replace("outbox_worker", &worker);
     let c = db.client().await;

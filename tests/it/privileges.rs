@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -62,7 +62,7 @@ async fn setup(db: &TestDb) -> (Roles, tokio_postgres::Config, tokio_postgres::C
             worker.clone(),
         ],
     };
-    let sql = include_str!("../sql/grants.sql")
+    let sql = include_str!("../../sql/grants.sql")
         .replace("outbox_app", &app)
         .replace("outbox_worker", &worker);
     let c = db.client().await;

@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -30,7 +30,7 @@ const USERINFO_MARK: &str = "USERINFOSECRET";
 /// Debug would print them.
 fn webhook_secret() -> (String, String) {
     let v: Value =
-        serde_json::from_str(include_str!("data/standard-webhooks-vector.json")).unwrap();
+        serde_json::from_str(include_str!("../data/standard-webhooks-vector.json")).unwrap();
     let secret = v["secret"].as_str().unwrap().to_owned();
     let b64 = secret.strip_prefix("whsec_").unwrap().to_owned();
     (secret, b64)

@@ -1,6 +1,6 @@
 //! The shortest path through the system: enqueue, run, delivered.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -506,7 +506,7 @@ async fn idempotent_replayed_is_recorded_as_deduplicated() {
 
 fn vector_secret() -> String {
     let v: Value =
-        serde_json::from_str(include_str!("data/standard-webhooks-vector.json")).unwrap();
+        serde_json::from_str(include_str!("../data/standard-webhooks-vector.json")).unwrap();
     v["secret"].as_str().unwrap().to_owned()
 }
 

@@ -1,0 +1,26 @@
+//! The integration tests, as one binary: one link instead of one per file (on two cores
+//! the links cost more than many of the tests), and one process in which the migrated
+//! template database (`common::template`) is made once. Each module is the room of one
+//! concern; `common` is the harness (a database per test, receivers, the real binary).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+mod bad_input;
+mod cli;
+mod cli_bad_args;
+mod daemon;
+mod email;
+mod enqueue;
+mod hostile_sql;
+mod leases;
+mod ops;
+mod privileges;
+mod properties;
+mod reliability;
+mod secrets;
+mod smoke;
+mod ssrf;
+mod wakeups;
+mod webhook;
