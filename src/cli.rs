@@ -484,7 +484,7 @@ async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
         tracing::info!(relay = %cfg.smtp, "e-mail delivery through an SMTP relay");
     }
     let retention_stop = tokio_util::sync::CancellationToken::new();
-    let retention = tokio::spawn(crate::ops::retention_loop(
+    let retention = tokio::spawn(crate::worker::maintenance::retention(
         pool.clone(),
         args.retention,
         Duration::from_secs(600),

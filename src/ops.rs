@@ -1,4 +1,4 @@
-//! Operator actions: dead letters, one message's story, replay, retention.
+//! Operator actions: dead letters, one message's story, replay, purge.
 //!
 //! The rules of replay and purge live in SQL (`outbox.replay`, `outbox.purge` in
 //! `sql/0002_operations.sql`) so that psql users and the CLI get the same behaviour; this
@@ -469,18 +469,9 @@ pub async fn purge<C: GenericClient>(
     batch: i32,
     mut progress: impl FnMut(i64),
 ) -> Result<i64, tokio_postgres::Error> {
-    let secs = older_than.as_secs_f64();
     let mut total = 0i64;
     loop {
-        let params: [(&(dyn ToSql + Sync), Type); 3] = [
-            (&secs, Type::FLOAT8),
-            (&include_dead, Type::BOOL),
-            (&batch, Type::INT4),
-        ];
-        let n: i64 = client
-            .query_typed_one(queries::PURGE_BATCH, &params)
-            .await?
-            .get(0);
+        let n = purge_batch(client, older_than, include_dead, batch).await?;
         if n == 0 {
             return Ok(total);
         }
@@ -489,34 +480,23 @@ pub async fn purge<C: GenericClient>(
     }
 }
 
-/// The daemon's retention: purges delivered messages older than `retention` now and every
-/// `every` after, until `stop` fires. Dead letters are kept for an operator to look at
-/// (`outboxd purge --include-dead` removes them).
-pub async fn retention_loop(
-    pool: deadpool_postgres::Pool,
-    retention: Duration,
-    every: Duration,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    loop {
-        match pool.get().await {
-            Ok(client) => match purge(&**client, retention, false, 1000, |_| {}).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(deleted = n, "retention: purged delivered messages"),
-                Err(e) => {
-                    tracing::warn!(error = %crate::db::describe(&e), "retention purge failed; will try again")
-                }
-            },
-            Err(e) => {
-                tracing::warn!(error = %crate::db::describe_pool(&e), "retention purge: no database connection; will try again")
-            }
-        }
-
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.cancelled() => return,
-        }
-    }
+/// Deletes one batch of [`purge`] in its own short transaction; returns how many rows.
+pub async fn purge_batch<C: GenericClient>(
+    client: &C,
+    older_than: Duration,
+    include_dead: bool,
+    batch: i32,
+) -> Result<i64, tokio_postgres::Error> {
+    let secs = older_than.as_secs_f64();
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&secs, Type::FLOAT8),
+        (&include_dead, Type::BOOL),
+        (&batch, Type::INT4),
+    ];
+    Ok(client
+        .query_typed_one(queries::PURGE_BATCH, &params)
+        .await?
+        .get(0))
 }
 
 #[cfg(test)]

@@ -21,7 +21,8 @@
 //!
 //! The rooms: `claim_loop` (the loop's steps), `lane` (which channels a claim asks
 //! for), `attempt` (one delivery task), `completer` (batched writes and the attempt log),
-//! `wakeup` (LISTEN and the idle mark), `db_call` (bounded database calls, back-off).
+//! `wakeup` (LISTEN and the idle mark), `db_call` (bounded database calls, back-off), and
+//! [`maintenance`] (retention, beside the loop).
 //!
 //! Database errors anywhere are logged and retried with back-off; nothing is dropped.
 //! A completion that cannot be written before the process exits is not lost either: the
@@ -33,6 +34,7 @@ mod claim_loop;
 mod completer;
 mod db_call;
 mod lane;
+pub mod maintenance;
 mod wakeup;
 
 use std::sync::atomic::AtomicUsize;

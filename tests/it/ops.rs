@@ -359,7 +359,7 @@ async fn the_daemon_purges_delivered_rows_past_retention() {
     deliver_old(&db, "ret:old", "8 days").await;
     deliver_old(&db, "ret:new", "1 day").await;
     let stop = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(ops::retention_loop(
+    let task = tokio::spawn(outboxd::worker::maintenance::retention(
         db.pool(1),
         Duration::from_secs(7 * 86_400),
         Duration::from_secs(3600),
@@ -386,6 +386,52 @@ async fn the_daemon_purges_delivered_rows_past_retention() {
     stop.cancel();
     task.await.unwrap();
     assert_eq!(row(&db, "ret:new").await.state, "delivered");
+}
+
+/// Retention stops between batches when the daemon stops: here the stop comes after the
+/// first batch, and the rest waits for the next run.
+#[tokio::test]
+async fn retention_stops_between_batches() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "INSERT INTO outbox.messages (message_key, channel, payload) \
+         SELECT 'rb:' || i, 'webhook', '{\"url\": \"https://example.com/h\"}' \
+         FROM generate_series(1, 25) i",
+    )
+    .await
+    .unwrap();
+    for i in 1..=25 {
+        deliver_old(&db, &format!("rb:{i}"), "8 days").await;
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut batches = Vec::new();
+    let deleted = outboxd::worker::maintenance::purge_delivered(
+        &db.pool(1),
+        Duration::from_secs(7 * 86_400),
+        10,
+        &stop,
+        |total| {
+            batches.push(total);
+            stop.cancel();
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!((deleted, batches), (10, vec![10]));
+    let left: i64 = db.scalar("SELECT count(*) FROM outbox.messages").await;
+    assert_eq!(left, 15);
+    // Not stopped: everything old goes, a batch at a time.
+    let again = outboxd::worker::maintenance::purge_delivered(
+        &db.pool(1),
+        Duration::from_secs(7 * 86_400),
+        10,
+        &tokio_util::sync::CancellationToken::new(),
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(again, 15);
 }
 
 /// Deleting a message deletes its history (sql/0004: triggers, where a foreign key was).
