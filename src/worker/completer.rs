@@ -16,6 +16,10 @@ use crate::model::{AttemptOutcome, ErrorClass};
 
 /// Runs a database write (`$op`, an expression using `$client`) until it succeeds, backing
 /// off between tries; gives up (None) only when `$stop` fires: shutdown past its grace.
+///
+/// A macro, not backon's `Retryable`: the operation borrows a client checked out inside
+/// each try across its await, which a closure returning a future cannot name without
+/// boxing; the schedule itself is backon's ([`Backoff`]).
 macro_rules! retry_db {
     ($shared:expr, $stop:expr, $what:literal, |$client:ident| $op:expr) => {{
         let mut backoff = Backoff::new();
