@@ -213,7 +213,7 @@ pub async fn enqueue<C: GenericClient>(
 }
 
 /// Enqueues many messages in one statement (one round trip), all or nothing, with the rules
-/// of [`enqueue`] for each, in order. Returns one [`Enqueued`] per message. Does not commit.
+/// of [`enqueue()`] for each, in order. Returns one [`Enqueued`] per message. Does not commit.
 pub async fn enqueue_many<C: GenericClient>(
     client: &C,
     msgs: &[NewMessage],

@@ -1,17 +1,24 @@
 //! outboxd: a transactional outbox for e-mails and webhooks on PostgreSQL.
 //!
 //! Applications write *intent rows* into `outbox.messages` in the same transaction as their
-//! business state ([`enqueue`], or `outbox.enqueue(...)` from SQL). A worker ([`worker`])
+//! business state ([`enqueue()`], or `outbox.enqueue(...)` from SQL). A worker ([`worker`])
 //! claims due rows under a lease, sends each with its stable key so providers can
 //! deduplicate, and records the result: delivered, retried later, or dead-lettered.
 //! Delivery is at least once; the key makes "more than once" harmless to a receiver that
 //! honours it.
 //!
+//! # Public API
+//!
+//! Applications use the crate root: [`enqueue()`], [`enqueue_many`], [`NewMessage`] and the
+//! vocabulary in [`model`]. [`migrate`], [`worker`], [`config`] and [`deliver`] serve a
+//! service that runs the worker in-process. The modules hidden from these docs are public
+//! only for the integration tests and carry no compatibility promise.
+//!
 //! # Layout
 //!
 //! * [`model`]: the shared vocabulary: channels, states, outcomes, error classes.
 //! * [`migrate`]: the SQL files in `sql/`, embedded, applied in order under an advisory lock.
-//! * [`enqueue`]: the library face applications call inside their own transaction.
+//! * [`mod@enqueue`]: the library face applications call inside their own transaction.
 //! * [`queries`]: every runtime SQL statement, each with its contract.
 //! * [`claim`]: the lease: claiming due rows, completing attempts fenced by the lease token,
 //!   releasing unstarted rows.
@@ -29,20 +36,30 @@
 //! * [`db`]: connections and the pool.
 //! * [`text`]: stored text made safe to print (control characters as visible escapes).
 
+#[doc(hidden)]
 pub mod claim;
+#[doc(hidden)]
 pub mod cli;
 pub mod config;
+#[doc(hidden)]
 pub mod db;
 pub mod deliver;
 pub mod enqueue;
+#[doc(hidden)]
 pub mod metrics;
 pub mod migrate;
 pub mod model;
+#[doc(hidden)]
 pub mod ops;
+#[doc(hidden)]
 pub mod queries;
+#[doc(hidden)]
 pub mod retry;
+#[doc(hidden)]
 pub mod state;
+#[doc(hidden)]
 pub mod status;
+#[doc(hidden)]
 pub mod text;
 pub mod worker;
 

@@ -15,7 +15,7 @@
 //!   ([`WorkerConfig::attempt_fits`]); a row that waited too long is released unsent, so a
 //!   lease never runs out while its request is in flight.
 //! * Each delivery runs in its own task holding a semaphore permit; its result goes through
-//!   [`decide`] and then to the completer.
+//!   [`decide`](crate::state::decide) and then to the completer.
 //! * The completer writes every completion that is waiting in one fenced statement, so
 //!   batching grows with load and costs no latency when idle.
 //!
