@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use common::receiver::{Receiver, Reply};
 use common::*;
-use outboxd::config::{DestinationPolicy, WebhookConfig};
+use outboxd::deliver::webhook::settings::{DestinationPolicy, WebhookConfig};
 use outboxd::{EnqueueError, NewMessage};
 use serde_json::{Value, json};
 use tokio_postgres::Client;

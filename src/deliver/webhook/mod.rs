@@ -6,6 +6,8 @@
 //! `id.timestamp.body`. Redirects are not followed and proxies are not used: both would send
 //! the request somewhere the destination check did not look.
 
+pub mod settings;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -16,9 +18,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use sha2::Sha256;
 
+use self::settings::WebhookConfig;
 use super::guard::{BlockedDestination, Guard, GuardedResolver};
 use super::{Delivered, DeliveryError, Outgoing};
-use crate::config::WebhookConfig;
 use crate::model::ConfigError;
 use crate::model::ErrorClass;
 use crate::retry::classify_http_status;
@@ -407,11 +409,11 @@ mod tests {
     #[test]
     fn signature_matches_the_standard_webhooks_vector() {
         let vector: serde_json::Value = serde_json::from_str(include_str!(
-            "../../tests/data/standard-webhooks-vector.json"
+            "../../../tests/data/standard-webhooks-vector.json"
         ))
         .expect("vector parses");
         let secret = vector["secret"].as_str().expect("secret");
-        let key = crate::config::parse_webhook_secret(secret).expect("secret decodes");
+        let key = settings::parse_webhook_secret(secret).expect("secret decodes");
         let sig = sign(
             &key,
             vector["webhook_id"].as_str().expect("id"),

@@ -39,6 +39,8 @@
 //! content, the password, or the text of a server reply (replies often quote the
 //! address); only reply codes and enhanced status codes.
 
+pub mod settings;
+
 use std::collections::HashSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -58,8 +60,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
+use self::settings::{EmailConfig, SmtpTls};
 use super::{Delivered, DeliveryError, Outgoing};
-use crate::config::{EmailConfig, SmtpTls};
 use crate::model::ConfigError;
 use crate::model::ErrorClass;
 
