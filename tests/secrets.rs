@@ -264,7 +264,7 @@ async fn scenario(log_format: &str) -> Scenario {
     let ts: u64 = req.header("webhook-timestamp").unwrap().parse().unwrap();
     assert_eq!(
         req.header("webhook-signature").unwrap(),
-        outboxd::deliver::webhook::sign(&key, "leak:ok", ts, &req.body)
+        outboxd::deliver::webhook::signing::sign(&key, "leak:ok", ts, &req.body)
     );
     // The userinfo was honoured as Basic auth, so it was really in play.
     assert!(req.header("authorization").is_some());
