@@ -175,11 +175,7 @@ pub const LEASE_MIN_WAIT: Duration = Duration::from_secs(1);
 
 /// `hostname-pid`: unique enough to tell workers apart in leases and history.
 pub fn default_worker_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "outboxd".to_owned());
+    let host = crate::support::hostname().unwrap_or_else(|| "outboxd".to_owned());
     format!("{host}-{}", std::process::id())
 }
 

@@ -43,6 +43,7 @@ pub mod queries;
 pub mod retry;
 pub mod state;
 pub mod status;
+pub mod support;
 pub mod text;
 pub mod worker;
 

@@ -43,6 +43,7 @@ use crate::model::Channel;
 use crate::model::ErrorClass;
 use crate::queries;
 use crate::state::{Budget, decide};
+use crate::support::lock;
 
 /// Counts of what a run did, returned when it stops.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -485,10 +486,6 @@ async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at: Instant) 
         return Done::Released(msg.id, msg.lease_token);
     }
     attempt(shared, msg, ready).await
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// How long one database call of the loop may take before it counts as failed.

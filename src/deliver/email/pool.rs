@@ -14,6 +14,7 @@ use super::reply::{Phase, from_smtp_error};
 use crate::deliver::DeliveryError;
 use crate::deliver::email::settings::SmtpTls;
 use crate::model::ErrorClass;
+use crate::support::lock;
 
 /// How long an idle connection is kept for reuse. Relays close idle sessions after a few
 /// minutes (Postfix: 300 s); a minute keeps most reused connections alive.
@@ -68,19 +69,12 @@ pub(super) enum Ended {
     Broken,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// Our name in EHLO: the host name, else `localhost`.
 pub(super) fn hello_name() -> ClientId {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
+    let host = crate::support::hostname()
         .filter(|h| {
-            !h.is_empty()
-                && h.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
         })
         .unwrap_or_else(|| "localhost".to_owned());
     ClientId::Domain(host)

@@ -162,15 +162,10 @@ pub(super) fn from_smtp_error(
     let detail = if err.is_response() {
         "the server's reply is not valid SMTP".to_owned()
     } else {
-        let mut d = String::new();
-        let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&err);
-        while let Some(e) = src {
-            if !d.is_empty() {
-                d.push_str(": ");
-            }
-            d.push_str(&e.to_string());
-            src = e.source();
-        }
+        let d = crate::support::causes(&err)
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join(": ");
         if d.is_empty() { err.to_string() } else { d }
     };
     let class = classify(phase, Fault::Connection);

@@ -35,8 +35,7 @@ pub(super) fn classify_error(err: reqwest::Error, host: &str, timeout: Duration)
     let mut detail = String::new();
     let mut blocked = None;
     let mut unsent = false;
-    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&err);
-    while let Some(e) = src {
+    for e in crate::support::causes(&err) {
         if let Some(b) = e.downcast_ref::<BlockedDestination>() {
             blocked = Some(b.to_string());
         }
@@ -53,7 +52,6 @@ pub(super) fn classify_error(err: reqwest::Error, host: &str, timeout: Duration)
             detail.push_str(": ");
         }
         detail.push_str(&e.to_string());
-        src = e.source();
     }
     let (class, what) = if let Some(b) = blocked {
         return DeliveryError::invalid(b);
