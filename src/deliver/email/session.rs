@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use lettre::address::Envelope;
+use lettre::transport::smtp::client::AsyncSmtpConnection;
 use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
 use lettre::transport::smtp::extension::{Extension, MailBodyParameter, MailParameter};
 use lettre::transport::smtp::response::Response;
@@ -76,11 +77,28 @@ impl Inner {
         progress: &Progress,
     ) -> Result<Response, DeliveryError> {
         progress.set(Phase::Session);
-        let (mut conn, reused) = match self.checkout().await {
+        let (conn, reused) = match self.checkout().await {
             Some(conn) => (conn, true),
             None => (self.connect().await?, false),
         };
+        let conn = self
+            .mail_from(conn, reused, envelope, content, progress)
+            .await?;
+        let conn = self.rcpt_all(conn, envelope, progress).await?;
+        self.data(conn, content, progress).await
+    }
 
+    /// MAIL FROM, with the parameters the envelope and content need (SMTPUTF8, 8BITMIME).
+    /// Returns the connection the transaction goes on with: a fresh one if the reused one
+    /// turned out dead.
+    async fn mail_from(
+        &self,
+        mut conn: AsyncSmtpConnection,
+        reused: bool,
+        envelope: &Envelope,
+        content: &[u8],
+        progress: &Progress,
+    ) -> Result<AsyncSmtpConnection, DeliveryError> {
         let Some(from) = envelope.from().cloned() else {
             return Err(DeliveryError::invalid("the message has no sender address"));
         };
@@ -125,7 +143,16 @@ impl Inner {
             self.checkin(conn, ended);
             return Err(from_smtp_error(Phase::Mail, &self.relay, e));
         }
+        Ok(conn)
+    }
 
+    /// RCPT TO, every recipient; the connection back when all were accepted.
+    async fn rcpt_all(
+        &self,
+        mut conn: AsyncSmtpConnection,
+        envelope: &Envelope,
+        progress: &Progress,
+    ) -> Result<AsyncSmtpConnection, DeliveryError> {
         // RCPT TO, every recipient. All or none: a refused recipient stops the message.
         progress.set(Phase::Rcpt);
         let total = envelope.to().len();
@@ -181,7 +208,16 @@ impl Inner {
             self.checkin(conn, ended);
             return Err(err);
         }
+        Ok(conn)
+    }
 
+    /// DATA, the content and the end-of-data marker, then the relay's reply.
+    async fn data(
+        &self,
+        mut conn: AsyncSmtpConnection,
+        content: &[u8],
+        progress: &Progress,
+    ) -> Result<Response, DeliveryError> {
         // DATA, then the content and the end-of-data marker.
         progress.set(Phase::Data);
         if let Err(e) = conn.command(Data).await {
