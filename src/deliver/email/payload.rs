@@ -74,7 +74,14 @@ pub fn parse_payload(
     key: &str,
     message_id_domain: Option<&str>,
 ) -> Result<Email, DeliveryError> {
-    let p: Payload = serde_json::from_str(payload).map_err(|e| {
+    let p = read(payload)?;
+    let checked = envelope(p, key, message_id_domain)?;
+    build(checked)
+}
+
+/// The payload's JSON read into its fields; an unknown field is named, nothing else is.
+fn read(payload: &str) -> Result<Payload, DeliveryError> {
+    serde_json::from_str(payload).map_err(|e| {
         // serde names an unknown field by its key, which is not a value; anything else
         // (a wrong type for the whole payload) gets a generic line.
         let msg = e.to_string();
@@ -88,8 +95,31 @@ pub fn parse_payload(
             )),
             None => DeliveryError::invalid("payload is not a JSON object of the email shape"),
         }
-    })?;
+    })
+}
 
+/// The addresses, subject and bodies checked, in the order their errors are reported,
+/// with the `Message-ID` and the envelope: everything but the message itself.
+struct Checked {
+    from: Mailbox,
+    to: Vec<Mailbox>,
+    cc: Vec<Mailbox>,
+    reply_to: Option<Mailbox>,
+    subject: Option<String>,
+    text: Option<String>,
+    html: Option<String>,
+    /// `payload.headers`, checked by [`extra_headers`] when the message is built.
+    headers: Option<Value>,
+    message_id: String,
+    envelope: Envelope,
+}
+
+/// Checks the fields of a read payload and derives the envelope and `Message-ID`.
+fn envelope(
+    p: Payload,
+    key: &str,
+    message_id_domain: Option<&str>,
+) -> Result<Checked, DeliveryError> {
     let from = match p.from {
         Some(Value::String(s)) => mailbox("payload.from", &s)?,
         None | Some(Value::Null) => {
@@ -141,7 +171,35 @@ pub fn parse_payload(
         .collect();
     let envelope = Envelope::new(Some(from.email.clone()), recipients)
         .map_err(|_| DeliveryError::invalid("payload.to must name at least one address"))?;
+    Ok(Checked {
+        from,
+        to,
+        cc,
+        reply_to,
+        subject,
+        text,
+        html,
+        headers: p.headers,
+        message_id,
+        envelope,
+    })
+}
 
+/// Builds the message from checked fields: headers encoded and folded here, then the
+/// payload's own headers, then the body (text, html, or both as alternatives).
+fn build(checked: Checked) -> Result<Email, DeliveryError> {
+    let Checked {
+        from,
+        to,
+        cc,
+        reply_to,
+        subject,
+        text,
+        html,
+        headers,
+        message_id,
+        envelope,
+    } = checked;
     // lettre 0.11 folds only inside encoded words and at spaces of a text value: a list
     // of plain addresses, or a word longer than a line, comes out as one line (5 000
     // recipients made a `To:` line of some 100 KB, and adding them one by one re-parsed
@@ -168,7 +226,7 @@ pub fn parse_payload(
             encoded,
         ));
     }
-    for header in extra_headers(p.headers)? {
+    for header in extra_headers(headers)? {
         builder = builder.raw_header(header);
     }
     let built = match (text, html) {
