@@ -24,10 +24,9 @@ macro_rules! out_part {
     }};
 }
 
-use crate::config::{
-    DestinationPolicy, EmailConfig, SmtpUrl, WebhookConfig, WorkerConfig, parse_duration,
-    parse_message_id_domain, parse_webhook_secret,
-};
+use crate::config::{WorkerConfig, parse_duration};
+use crate::deliver::email::settings::{EmailConfig, SmtpUrl, parse_message_id_domain};
+use crate::deliver::webhook::settings::{DestinationPolicy, WebhookConfig, parse_webhook_secret};
 use crate::deliver::{Deliverers, email::EmailSender, webhook::WebhookSender};
 use crate::enqueue::{EnqueueError, NewMessage};
 use crate::model::Channel;

@@ -82,11 +82,9 @@ pub fn describe(err: &tokio_postgres::Error) -> String {
         return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
     }
     let mut out = err.to_string();
-    let mut src = std::error::Error::source(err);
-    while let Some(e) = src {
+    for e in crate::support::causes(err) {
         out.push_str(": ");
         out.push_str(&e.to_string());
-        src = e.source();
     }
     out
 }

@@ -25,14 +25,17 @@
 //! * [`state`]: the state machine: states, outcomes and the one function ([`state::decide`])
 //!   that maps an attempt's result to the next state.
 //! * [`retry`]: error classes and the retry schedule.
-//! * [`deliver`]: the channels; [`deliver::webhook`] sends HTTP requests, [`deliver::guard`]
-//!   keeps them off private networks, [`deliver::email`] sends e-mails through an SMTP relay.
+//! * [`deliver`]: the channels, each owning its settings; [`deliver::webhook`] sends HTTP
+//!   requests (payload, signing, error classification), [`deliver::guard`] keeps them off
+//!   private networks, [`deliver::email`] sends e-mails through an SMTP relay (payload,
+//!   MIME, the SMTP session by phase, reply classification, the connection pool).
 //! * [`worker`]: the loop: claim, deliver with bounded concurrency, complete in batches.
 //! * [`status`]: counts for operators.
 //! * [`ops`]: operator actions: dead letters, show, replay, retention.
 //! * [`cli`]: the command line (the binary is a thin `main` around it).
 //! * [`metrics`]: Prometheus metrics and the health endpoint.
 //! * [`config`]: the worker's settings, parsed and validated once at start-up.
+//! * [`support`]: one copy of each small shared helper (mutex lock, host name, error causes).
 //! * [`db`]: connections and the pool.
 //! * [`text`]: stored text made safe to print (control characters as visible escapes).
 
@@ -59,6 +62,8 @@ pub mod retry;
 pub mod state;
 #[doc(hidden)]
 pub mod status;
+#[doc(hidden)]
+pub mod support;
 #[doc(hidden)]
 pub mod text;
 pub mod worker;

@@ -74,6 +74,13 @@ pub fn escape_truncated(s: &str, max: usize) -> String {
     out
 }
 
+/// A name from untrusted input (a header or field name, never a value) for an error
+/// message: control characters dropped rather than escaped, cut to `max` characters. The
+/// message then goes through [`escape`] where it is stored or printed, like any other.
+pub fn stripped(s: &str, max: usize) -> String {
+    s.chars().filter(|c| !c.is_control()).take(max).collect()
+}
+
 /// Displays a string as [`escape`] renders it, without allocating: for log fields
 /// (`key = %Escaped(&key)`) and `format!` arguments.
 #[derive(Debug, Clone, Copy)]
@@ -128,5 +135,11 @@ mod tests {
         assert_eq!(escape_truncated("a\x1bb", 4), "a");
         assert_eq!(escape_truncated("a\x1bb", 7), r"a\u{1b}");
         assert_eq!(escape_truncated("a\nb", 10), r"a\nb");
+    }
+
+    #[test]
+    fn stripped_drops_controls_and_cuts() {
+        assert_eq!(stripped("X-\r\nA\x1b", 64), "X-A");
+        assert_eq!(stripped(&"é".repeat(70), 64), "é".repeat(64));
     }
 }

@@ -6,9 +6,8 @@
 
 use base64::Engine as _;
 use libfuzzer_sys::fuzz_target;
-use outboxd::config::{
-    DestinationPolicy, format_duration, parse_bool, parse_duration, parse_webhook_secret,
-};
+use outboxd::config::{format_duration, parse_duration};
+use outboxd::deliver::webhook::settings::{DestinationPolicy, parse_bool, parse_webhook_secret};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use outboxd::deliver::webhook::parse_payload;
+use outboxd::deliver::webhook::payload::parse_payload;
 use outboxd::model::ErrorClass;
 
 fuzz_target!(|data: &[u8]| {

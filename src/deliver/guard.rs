@@ -12,7 +12,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
-use crate::config::DestinationPolicy;
+use super::webhook::settings::DestinationPolicy;
 
 /// Raised by the resolver when every address of a host is forbidden; the webhook channel
 /// finds it in the error chain and classes the attempt `invalid`.

@@ -145,7 +145,7 @@ pub enum Ready<'a> {
     /// Webhooks need no slot of their own.
     Webhook(&'a webhook::WebhookSender),
     /// E-mail, holding one of the relay's connection slots.
-    Email(&'a email::EmailSender, email::SmtpSlot<'a>),
+    Email(&'a email::EmailSender, email::pool::SmtpSlot<'a>),
     /// The channel cannot send: the attempt fails with this, no network call made.
     Refused(DeliveryError),
 }

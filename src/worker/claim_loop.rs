@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
+use super::Shared;
 use super::attempt::{Done, spawn_attempt};
 use super::db_call::{Backoff, bounded, checkout};
 use super::lane::Lane;
-use super::{Shared, lock};
 use crate::claim;
+use crate::support::lock;
 
 /// The loop's state between rounds.
 pub(super) struct ClaimLoop {

@@ -8,11 +8,12 @@ use std::sync::atomic::Ordering;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::Shared;
 use super::attempt::{AttemptLog, Done};
 use super::db_call::{Backoff, bounded, checkout};
-use super::{Shared, lock};
 use crate::claim::{self, Completion};
 use crate::model::{AttemptOutcome, ErrorClass};
+use crate::support::lock;
 
 /// Runs a database write (`$op`, an expression using `$client`) until it succeeds, backing
 /// off between tries; gives up (None) only when `$stop` fires: shutdown past its grace.

@@ -49,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::WorkerConfig;
 use crate::deliver::Deliverers;
 use crate::model::Channel;
+use crate::support::lock;
 use attempt::Done;
 use claim_loop::ClaimLoop;
 
@@ -244,8 +245,4 @@ async fn shut_down(
     let completed = completer.await;
     guard.abort();
     completed.map_err(|e| WorkerError::Task(e.to_string()))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use common::receiver::{Receiver, Reply};
 use common::*;
-use outboxd::config::{DestinationPolicy, WebhookConfig};
+use outboxd::deliver::webhook::settings::{DestinationPolicy, WebhookConfig};
 use outboxd::{EnqueueError, NewMessage};
 use serde_json::{Value, json};
 use tokio_postgres::Client;
@@ -824,7 +824,7 @@ async fn bad_urls_and_schemes_are_dead_invalid_without_a_request() {
 /// default policy `http:///127.0.0.1:PORT/` is therefore refused as a loopback destination.
 #[tokio::test]
 async fn a_triple_slash_url_names_a_host_and_is_checked_like_one() {
-    let req = outboxd::deliver::webhook::parse_payload(r#"{"url": "http:///path"}"#)
+    let req = outboxd::deliver::webhook::payload::parse_payload(r#"{"url": "http:///path"}"#)
         .expect("http:///path parses");
     assert_eq!(req.url.host_str(), Some("path"));
 

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use common::binary::{outboxd, run_within};
 use common::smtp::{Answer, FakeSmtp, Plan, Sink, closed_port, reply};
 use common::*;
-use outboxd::config::{EmailConfig, SmtpUrl, WorkerConfig};
+use outboxd::config::WorkerConfig;
+use outboxd::deliver::email::settings::{EmailConfig, SmtpUrl};
 use outboxd::model::Channel;
 use serde_json::{Value, json};
 use sha2::Digest as _;
@@ -899,7 +900,7 @@ fn settings(
 ) -> Result<
     (
         WorkerConfig,
-        outboxd::config::WebhookConfig,
+        outboxd::deliver::webhook::settings::WebhookConfig,
         Option<EmailConfig>,
     ),
     String,

@@ -569,7 +569,7 @@ async fn a_row_that_waited_too_long_for_a_slot_is_released_not_sent_twice() {
         lease: Duration::from_secs(8),
         ..test_worker_config("fit")
     };
-    let webhook = outboxd::config::WebhookConfig {
+    let webhook = outboxd::deliver::webhook::settings::WebhookConfig {
         timeout: Duration::from_secs(5),
         ..test_webhook_config()
     };

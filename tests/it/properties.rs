@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use outboxd::deliver::guard::is_forbidden;
-use outboxd::deliver::webhook::parse_payload;
+use outboxd::deliver::webhook::payload::parse_payload;
 use outboxd::model::ErrorClass;
 use outboxd::retry::{RetryPolicy, classify_http_status};
 use outboxd::state::{Budget, Transition, decide};

@@ -282,7 +282,7 @@ async fn receiver_faults_end_in_the_right_state_with_the_right_class() {
         lease: Duration::from_secs(5),
         ..test_worker_config("faults")
     };
-    let webhook = outboxd::config::WebhookConfig {
+    let webhook = outboxd::deliver::webhook::settings::WebhookConfig {
         timeout: Duration::from_millis(700),
         ..test_webhook_config()
     };
@@ -335,10 +335,12 @@ async fn terminated_database_connections_lose_nothing() {
     let pool = outboxd::db::pool(pg.clone(), 4).unwrap();
     let deliverers = outboxd::deliver::Deliverers {
         // A timeout that fits in the short lease with the margin an attempt needs to start.
-        webhook: outboxd::deliver::webhook::WebhookSender::new(&outboxd::config::WebhookConfig {
-            timeout: Duration::from_millis(500),
-            ..test_webhook_config()
-        })
+        webhook: outboxd::deliver::webhook::WebhookSender::new(
+            &outboxd::deliver::webhook::settings::WebhookConfig {
+                timeout: Duration::from_millis(500),
+                ..test_webhook_config()
+            },
+        )
         .unwrap(),
         email: None,
     };

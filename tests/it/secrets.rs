@@ -39,7 +39,7 @@ fn webhook_secret() -> (String, String) {
 /// Every string that must never be seen.
 fn forbidden() -> Vec<String> {
     let (secret, b64) = webhook_secret();
-    let key = outboxd::config::parse_webhook_secret(&secret).unwrap();
+    let key = outboxd::deliver::webhook::settings::parse_webhook_secret(&secret).unwrap();
     let debug_bytes = format!("{:?}", &key[..6]);
     let debug_bytes = debug_bytes.trim_end_matches(']').to_owned();
     vec![
@@ -260,11 +260,11 @@ async fn scenario(log_format: &str) -> Scenario {
     // The secret was configured: the delivery is signed with the vector's key.
     let req = &ok.requests()[0];
     let (secret, _) = webhook_secret();
-    let key = outboxd::config::parse_webhook_secret(&secret).unwrap();
+    let key = outboxd::deliver::webhook::settings::parse_webhook_secret(&secret).unwrap();
     let ts: u64 = req.header("webhook-timestamp").unwrap().parse().unwrap();
     assert_eq!(
         req.header("webhook-signature").unwrap(),
-        outboxd::deliver::webhook::sign(&key, "leak:ok", ts, &req.body)
+        outboxd::deliver::webhook::signing::sign(&key, "leak:ok", ts, &req.body)
     );
     // The userinfo was honoured as Basic auth, so it was really in play.
     assert!(req.header("authorization").is_some());

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::receiver::Receiver;
 use common::*;
-use outboxd::config::{DestinationPolicy, WebhookConfig};
+use outboxd::deliver::webhook::settings::{DestinationPolicy, WebhookConfig};
 
 const WAIT: Duration = Duration::from_secs(15);
 

@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::receiver::{Receiver, Recorded, Reply};
 use common::*;
-use outboxd::config::{DestinationPolicy, WebhookConfig, WorkerConfig, parse_webhook_secret};
+use outboxd::config::WorkerConfig;
+use outboxd::deliver::webhook::settings::{DestinationPolicy, WebhookConfig, parse_webhook_secret};
 use outboxd::retry::RetryPolicy;
 use serde_json::{Value, json};
 

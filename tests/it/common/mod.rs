@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outboxd::config::{DestinationPolicy, EmailConfig, WebhookConfig, WorkerConfig};
+use outboxd::config::WorkerConfig;
+use outboxd::deliver::email::settings::EmailConfig;
+use outboxd::deliver::webhook::settings::{DestinationPolicy, WebhookConfig};
 use outboxd::deliver::{Deliverers, email::EmailSender, webhook::WebhookSender};
 use outboxd::retry::RetryPolicy;
 use outboxd::worker::{RunSummary, Worker};

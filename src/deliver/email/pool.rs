@@ -1,0 +1,160 @@
+//! The relay's connections: one slot per connection that may be open, idle connections
+//! kept for reuse (checkout, checkin), and opening a new one (connect, STARTTLS, AUTH).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use lettre::transport::smtp::authentication::{Credentials, Mechanism};
+use lettre::transport::smtp::client::{AsyncSmtpConnection, TlsParameters};
+use lettre::transport::smtp::commands::Rset;
+use lettre::transport::smtp::extension::ClientId;
+use tokio::sync::Semaphore;
+
+use super::reply::{Phase, from_smtp_error};
+use crate::deliver::DeliveryError;
+use crate::deliver::email::settings::SmtpTls;
+use crate::model::ErrorClass;
+use crate::support::lock;
+
+/// How long an idle connection is kept for reuse. Relays close idle sessions after a few
+/// minutes (Postfix: 300 s); a minute keeps most reused connections alive.
+pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What every clone of an [`super::EmailSender`] shares: how to reach the relay, and the pool.
+pub(super) struct Inner {
+    /// Host name or IP address of the relay.
+    pub(super) host: String,
+    /// Its port.
+    pub(super) port: u16,
+    /// `host:port`, for error messages.
+    pub(super) relay: String,
+    /// How connections are secured.
+    pub(super) tls: SmtpTls,
+    /// Built once: the rustls configuration with the platform's roots.
+    pub(super) tls_params: Option<TlsParameters>,
+    /// AUTH credentials, when the URL has them.
+    pub(super) credentials: Option<Credentials>,
+    /// Our name in EHLO.
+    pub(super) hello: ClientId,
+    /// The whole attempt's deadline.
+    pub(super) timeout: Duration,
+    /// `OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN`.
+    pub(super) message_id_domain: Option<String>,
+    /// One permit per connection in use; bounds the connections open at once.
+    pub(super) slots: Semaphore,
+    /// Connections between transactions, newest last.
+    pub(super) idle: Mutex<Vec<IdleConnection>>,
+    /// Most connections open at once, and most idle connections kept.
+    pub(super) max_connections: usize,
+}
+
+/// The right to open or reuse one of the relay's connections for one attempt.
+pub struct SmtpSlot<'a> {
+    pub(super) _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+/// A pooled connection.
+pub(super) struct IdleConnection {
+    pub(super) conn: AsyncSmtpConnection,
+    pub(super) since: Instant,
+    /// A transaction was abandoned on it (refused recipients): it needs RSET first.
+    pub(super) dirty: bool,
+}
+
+/// How one attempt's transaction ended, before the connection goes back to the pool.
+pub(super) enum Ended {
+    /// Keep the connection: clean, or `dirty` when a transaction was abandoned on it.
+    Reusable { dirty: bool },
+    /// Close it.
+    Broken,
+}
+
+/// Our name in EHLO: the host name, else `localhost`.
+pub(super) fn hello_name() -> ClientId {
+    let host = crate::support::hostname()
+        .filter(|h| {
+            h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        })
+        .unwrap_or_else(|| "localhost".to_owned());
+    ClientId::Domain(host)
+}
+
+impl Inner {
+    /// A new connection, secured and authenticated as configured.
+    pub(super) async fn connect(&self) -> Result<AsyncSmtpConnection, DeliveryError> {
+        let session = |e| from_smtp_error(Phase::Session, &self.relay, e);
+        let implicit = match self.tls {
+            SmtpTls::Implicit => self.tls_params.clone(),
+            _ => None,
+        };
+        let mut conn = AsyncSmtpConnection::connect_tokio1(
+            (self.host.as_str(), self.port),
+            Some(self.timeout),
+            &self.hello,
+            implicit,
+            None,
+        )
+        .await
+        .map_err(session)?;
+        if self.tls == SmtpTls::StartTls {
+            let Some(params) = self.tls_params.clone() else {
+                return Err(DeliveryError::new(
+                    ErrorClass::Transient,
+                    "STARTTLS is configured but TLS is not set up",
+                ));
+            };
+            if !conn.can_starttls() {
+                // Refuse to go on in plain text: the URL asked for TLS.
+                conn.abort().await;
+                return Err(DeliveryError::new(
+                    ErrorClass::Transient,
+                    format!(
+                        "{} does not offer STARTTLS, which OUTBOXD_SMTP_URL requires (use ?tls=none only for a relay on a trusted network)",
+                        self.relay
+                    ),
+                ));
+            }
+            conn.starttls(params, &self.hello).await.map_err(session)?;
+        }
+        if let Some(credentials) = &self.credentials {
+            conn.auth(&[Mechanism::Plain, Mechanism::Login], credentials)
+                .await
+                .map_err(session)?;
+        }
+        Ok(conn)
+    }
+
+    /// An idle connection, if one is fresh enough; one left dirty is reset first.
+    pub(super) async fn checkout(&self) -> Option<AsyncSmtpConnection> {
+        loop {
+            let idle = lock(&self.idle).pop()?;
+            if idle.since.elapsed() > IDLE_TIMEOUT || idle.conn.has_broken() {
+                continue;
+            }
+            let mut conn = idle.conn;
+            if idle.dirty && conn.command(Rset).await.is_err() {
+                continue;
+            }
+            return Some(conn);
+        }
+    }
+
+    /// Returns a connection to the pool, or closes it.
+    pub(super) fn checkin(&self, conn: AsyncSmtpConnection, ended: Ended) {
+        let Ended::Reusable { dirty } = ended else {
+            return;
+        };
+        if conn.has_broken() {
+            return;
+        }
+        let mut idle = lock(&self.idle);
+        if idle.len() < self.max_connections {
+            idle.push(IdleConnection {
+                conn,
+                since: Instant::now(),
+                dirty,
+            });
+        }
+    }
+}
