@@ -6,6 +6,8 @@
 //! value stops the process with one line; nothing here reads the environment twice or
 //! mutates it.
 
+pub mod assemble;
+
 use crate::model::ConfigError;
 use std::collections::HashSet;
 use std::time::Duration;
