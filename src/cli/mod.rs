@@ -1,4 +1,8 @@
-//! The command line: `outboxd migrate | run | enqueue | status`.
+//! The command line: `outboxd migrate | run | enqueue | status | dead | show | replay | purge`.
+//!
+//! [`dispatch`] is what `main` calls. The clap definitions are in `args`, the daemon in
+//! `run`, `enqueue` in its namesake, the operator commands in `ops`; settings are assembled
+//! and validated by [`crate::config::assemble`], which this module feeds.
 //!
 //! Flags also read `OUTBOXD_<FLAG>` (a flag beats the variable). Exit codes: 0 success,
 //! 2 bad usage or configuration (one line on stderr), 1 a runtime failure or a refusal.
