@@ -5,7 +5,7 @@ use super::{
     json_out, print_table, runtime,
 };
 use crate::model::ConfigError;
-use crate::ops::{ReplayError, ReplaySelection, Target};
+use crate::ops::{AttemptRecord, MessageDetail, ReplayError, ReplaySelection, Target};
 
 pub(super) async fn migrate(env: &Env) -> Result<(), CliError> {
     let mut client = connect(env).await?;
@@ -104,7 +104,18 @@ pub(super) async fn show(args: ShowArgs, env: &Env) -> Result<(), CliError> {
     if args.json {
         return json_out(&detail);
     }
-    let opt = |o: &Option<String>| o.as_deref().map_or_else(|| "-".into(), esc);
+    print_message(&detail);
+    print_history(&detail.history);
+    Ok(())
+}
+
+/// An absent value as `-`, a present one escaped.
+fn opt(o: &Option<String>) -> String {
+    o.as_deref().map_or_else(|| "-".into(), esc)
+}
+
+/// `show`'s text output, first part: the message's own fields, then a blank line.
+fn print_message(detail: &MessageDetail) {
     out!("message {} ({})", detail.id, esc(&detail.message_key));
     out!("  channel      {}", esc(&detail.channel));
     out!("  state        {}", esc(&detail.state));
@@ -143,12 +154,15 @@ pub(super) async fn show(args: ShowArgs, env: &Env) -> Result<(), CliError> {
     }
     out!("  payload      {}", esc(&detail.payload.to_string()));
     out!();
-    if detail.history.is_empty() {
+}
+
+/// `show`'s text output, second part: the attempt history as a table.
+fn print_history(history: &[AttemptRecord]) {
+    if history.is_empty() {
         out!("no attempts yet");
-        return Ok(());
+        return;
     }
-    let rows: Vec<Vec<String>> = detail
-        .history
+    let rows: Vec<Vec<String>> = history
         .iter()
         .map(|a| {
             vec![
@@ -182,7 +196,6 @@ pub(super) async fn show(args: ShowArgs, env: &Env) -> Result<(), CliError> {
         ],
         &rows,
     );
-    Ok(())
 }
 
 pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> {
