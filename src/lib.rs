@@ -31,10 +31,13 @@
 //!   MIME, the SMTP session by phase, reply classification, the connection pool).
 //! * [`worker`]: the loop: claim, deliver with bounded concurrency, complete in batches.
 //! * [`status`]: counts for operators.
-//! * [`ops`]: operator actions: dead letters, show, replay, retention.
-//! * [`cli`]: the command line (the binary is a thin `main` around it).
+//! * [`ops`]: operator actions: dead letters, show, replay, purge.
+//! * [`cli`]: the command line, one room per command (`args`, `run`, `enqueue`, `ops`); the
+//!   binary is a thin `main` around [`cli::dispatch`].
 //! * [`metrics`]: Prometheus metrics and the health endpoint.
-//! * [`config`]: the worker's settings, parsed and validated once at start-up.
+//! * [`config`]: the worker's settings, parsed and validated once at start-up;
+//!   [`config::assemble`] turns raw flag and environment values into them, cross-field rules
+//!   included.
 //! * [`support`]: one copy of each small shared helper (mutex lock, host name, error causes).
 //! * [`db`]: connections and the pool.
 //! * [`text`]: stored text made safe to print (control characters as visible escapes).

@@ -7,6 +7,8 @@
 //! settings (`deliver::webhook::settings`, `deliver::email::settings`). A bad value stops
 //! the process with one line; nothing here reads the environment twice or mutates it.
 
+pub mod assemble;
+
 use crate::model::ConfigError;
 use std::time::Duration;
 

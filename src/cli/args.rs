@@ -1,0 +1,225 @@
+//! The clap definitions: every subcommand's flags, with their `OUTBOXD_*` variables and
+//! defaults, and the value parsers they need.
+
+use std::time::{Duration, SystemTime};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::parse_duration;
+use crate::model::{Channel, ErrorClass};
+use crate::ops::DeadFilter;
+
+/// outboxd: a transactional outbox worker for e-mails and webhooks on PostgreSQL.
+#[derive(Debug, Parser)]
+#[command(name = "outboxd", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the schema migrations (idempotent; safe to run concurrently).
+    Migrate,
+    /// Run the delivery daemon.
+    Run(RunArgs),
+    /// Enqueue one message (prints its id and `created` or `existing`).
+    Enqueue(EnqueueArgs),
+    /// Show message counts by state and channel, and the age of the oldest due message.
+    Status(StatusArgs),
+    /// List dead letters, newest first.
+    Dead(DeadArgs),
+    /// Show one message and its attempt history (header values redacted).
+    Show(ShowArgs),
+    /// Move dead messages back to pending, with the same key (all or nothing).
+    Replay(ReplayArgs),
+    /// Delete finished messages older than a given age, in batches.
+    Purge(PurgeArgs),
+}
+
+/// Filters shared by `dead` and `replay --all-dead`.
+#[derive(Debug, Args)]
+pub struct DeadFilterArgs {
+    /// Only this channel (webhook or email).
+    #[arg(long, env = "OUTBOXD_CHANNEL", value_parser = parse_channel)]
+    pub channel: Option<Channel>,
+    /// Only this error class (transient, ambiguous, permanent, invalid, exhausted).
+    #[arg(long, env = "OUTBOXD_ERROR_CLASS", value_parser = parse_error_class)]
+    pub error_class: Option<ErrorClass>,
+    /// Only those that died within this long (e.g. 1h).
+    #[arg(long, env = "OUTBOXD_SINCE", value_parser = parse_duration, value_name = "DURATION")]
+    pub since: Option<Duration>,
+}
+
+impl DeadFilterArgs {
+    pub(super) fn filter(&self) -> DeadFilter {
+        DeadFilter {
+            channel: self.channel,
+            error_class: self.error_class,
+            since: self.since,
+        }
+    }
+}
+
+/// `outboxd dead`.
+#[derive(Debug, Args)]
+pub struct DeadArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub filter: DeadFilterArgs,
+    /// Most rows to list.
+    #[arg(long, env = "OUTBOXD_LIMIT", default_value_t = 50)]
+    pub limit: i64,
+    /// Print JSON (an array).
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub json: bool,
+}
+
+/// `outboxd show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// A message id (digits only) or key.
+    #[arg(value_name = "ID|KEY")]
+    pub target: String,
+    /// Print JSON.
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub json: bool,
+}
+
+/// `outboxd replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Message ids (digits only) or keys.
+    #[arg(
+        value_name = "ID|KEY",
+        required_unless_present = "all_dead",
+        conflicts_with = "all_dead"
+    )]
+    pub targets: Vec<String>,
+    /// Replay every dead letter matching the filters.
+    #[arg(long, env = "OUTBOXD_ALL_DEAD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub all_dead: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub filter: DeadFilterArgs,
+    /// Say what would be replayed, change nothing.
+    #[arg(long, env = "OUTBOXD_DRY_RUN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub dry_run: bool,
+}
+
+/// `outboxd purge`.
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Delete rows finished longer ago than this (at least 24h).
+    #[arg(long, env = "OUTBOXD_OLDER_THAN", value_parser = parse_duration, value_name = "DURATION")]
+    pub older_than: Duration,
+    /// Also delete dead letters (by dead_at).
+    #[arg(long, env = "OUTBOXD_INCLUDE_DEAD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub include_dead: bool,
+}
+
+fn parse_channel(s: &str) -> Result<Channel, String> {
+    Channel::parse(s).ok_or_else(|| format!("unknown channel {s:?} (webhook or email)"))
+}
+
+fn parse_error_class(s: &str) -> Result<ErrorClass, String> {
+    ErrorClass::parse(s).ok_or_else(|| {
+        format!("unknown error class {s:?} (transient, ambiguous, permanent, invalid or exhausted)")
+    })
+}
+
+/// `outboxd run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Most deliveries in flight at once.
+    #[arg(
+        long,
+        env = "OUTBOXD_CONCURRENCY",
+        default_value_t = 64,
+        value_name = "N"
+    )]
+    pub concurrency: usize,
+    /// Most messages claimed by one query.
+    #[arg(
+        long,
+        env = "OUTBOXD_BATCH_SIZE",
+        default_value_t = 100,
+        value_name = "N"
+    )]
+    pub batch_size: usize,
+    /// How often to look for due messages when no notification arrives.
+    #[arg(long, env = "OUTBOXD_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    pub poll_interval: Duration,
+    /// How long a claim lasts; a worker that dies loses its messages after this.
+    #[arg(long, env = "OUTBOXD_LEASE", default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease: Duration,
+    /// Timeout of one webhook attempt (connect, send, response).
+    #[arg(long, env = "OUTBOXD_WEBHOOK_TIMEOUT", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub webhook_timeout: Duration,
+    /// Timeout of one SMTP attempt.
+    #[arg(long, env = "OUTBOXD_SMTP_TIMEOUT", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub smtp_timeout: Duration,
+    /// Delay after the first failed attempt; doubles per attempt.
+    #[arg(long, env = "OUTBOXD_RETRY_BASE", default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub retry_base: Duration,
+    /// Longest delay between attempts (also caps Retry-After).
+    #[arg(long, env = "OUTBOXD_RETRY_MAX", default_value = "15m", value_parser = parse_duration, value_name = "DURATION")]
+    pub retry_max: Duration,
+    /// How long delivered messages are kept (at least 24h).
+    #[arg(long, env = "OUTBOXD_RETENTION", default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
+    pub retention: Duration,
+    /// Channels to deliver (default: webhook, plus email when OUTBOXD_SMTP_URL is set).
+    #[arg(long, env = "OUTBOXD_CHANNELS", value_name = "LIST")]
+    pub channels: Option<String>,
+    /// This worker's name in leases and history (default: hostname-pid).
+    #[arg(long, env = "OUTBOXD_WORKER_ID", value_name = "ID")]
+    pub worker_id: Option<String>,
+    /// Address for /metrics and /healthz.
+    #[arg(long, env = "OUTBOXD_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// How long in-flight attempts may finish after SIGTERM or SIGINT.
+    #[arg(long, env = "OUTBOXD_SHUTDOWN_GRACE", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub shutdown_grace: Duration,
+    /// Exit once no message of this worker's channels is pending or running.
+    #[arg(long, env = "OUTBOXD_DRAIN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub drain: bool,
+}
+
+/// `outboxd enqueue`.
+#[derive(Debug, Args)]
+pub struct EnqueueArgs {
+    /// The message key, made from durable ids (`run:step:action`).
+    #[arg(long, env = "OUTBOXD_KEY")]
+    pub key: String,
+    /// `webhook` or `email`.
+    #[arg(long, env = "OUTBOXD_CHANNEL")]
+    pub channel: String,
+    /// The payload: JSON text, or `@FILE` to read it from a file.
+    #[arg(long, env = "OUTBOXD_PAYLOAD")]
+    pub payload: String,
+    /// Not before this time (RFC 3339, e.g. 2026-12-24T18:00:00Z).
+    #[arg(long, env = "OUTBOXD_RUN_AFTER", value_parser = parse_rfc3339)]
+    pub run_after: Option<SystemTime>,
+    /// The whole attempt budget, the first attempt included.
+    #[arg(long, env = "OUTBOXD_MAX_ATTEMPTS", default_value_t = 3)]
+    pub max_attempts: i32,
+    /// Never retry an attempt whose outcome is unknown.
+    #[arg(long, env = "OUTBOXD_NO_RETRY_AMBIGUOUS", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub no_retry_ambiguous: bool,
+}
+
+/// `outboxd status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON.
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub json: bool,
+}
+
+fn parse_rfc3339(s: &str) -> Result<SystemTime, String> {
+    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .map(SystemTime::from)
+        .map_err(|e| format!("not an RFC 3339 time ({e}); e.g. 2026-12-24T18:00:00Z"))
+}

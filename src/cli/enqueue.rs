@@ -1,0 +1,43 @@
+//! `outboxd enqueue`: one message, from the command line.
+
+use std::path::PathBuf;
+
+use super::{CliError, EnqueueArgs, Env, connect, db_failed};
+use crate::enqueue::{EnqueueError, NewMessage};
+use crate::model::{Channel, ConfigError};
+
+pub(super) async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError> {
+    let channel = Channel::parse(&args.channel).ok_or_else(|| {
+        ConfigError(format!(
+            "--channel must be webhook or email (got {:?})",
+            args.channel
+        ))
+    })?;
+    let text = match args.payload.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(PathBuf::from(path))
+            .map_err(|e| ConfigError(format!("--payload: cannot read {path}: {e}")))?,
+        None => args.payload.clone(),
+    };
+    let payload: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ConfigError(format!("--payload is not valid JSON: {e}")))?;
+    let mut msg = NewMessage::new(args.key.clone(), channel, payload)
+        .max_attempts(args.max_attempts)
+        .retry_ambiguous(!args.no_retry_ambiguous);
+    if let Some(at) = args.run_after {
+        msg = msg.run_after(at);
+    }
+    let client = connect(env).await?;
+    match crate::enqueue::enqueue(&client, &msg).await {
+        Ok(e) => {
+            out!(
+                "{} {}",
+                e.id,
+                if e.created { "created" } else { "existing" }
+            );
+            Ok(())
+        }
+        Err(EnqueueError::KeyConflict { message, .. }) => Err(CliError::Refused(message)),
+        Err(EnqueueError::Invalid { message, .. }) => Err(CliError::Usage(ConfigError(message))),
+        Err(EnqueueError::Database(e)) => Err(db_failed("enqueue failed", &e)),
+    }
+}

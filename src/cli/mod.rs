@@ -1,0 +1,164 @@
+//! The command line: `outboxd migrate | run | enqueue | status | dead | show | replay | purge`.
+//!
+//! [`dispatch`] is what `main` calls. The clap definitions are in `args`, the daemon in
+//! `run`, `enqueue` in its namesake, the operator commands in `ops`; settings are assembled
+//! and validated by [`crate::config::assemble`], which this module feeds.
+//!
+//! Flags also read `OUTBOXD_<FLAG>` (a flag beats the variable). Exit codes: 0 success,
+//! 2 bad usage or configuration (one line on stderr), 1 a runtime failure or a refusal.
+
+/// `println!` that ignores a closed stdout (`outboxd dead | head` must not panic).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `print!` that ignores a closed stdout.
+macro_rules! out_part {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+mod args;
+mod enqueue;
+mod ops;
+mod run;
+
+pub use args::{
+    Cli, Command, DeadArgs, DeadFilterArgs, EnqueueArgs, PurgeArgs, ReplayArgs, RunArgs, ShowArgs,
+    StatusArgs,
+};
+pub use run::worker_settings;
+
+use crate::model::ConfigError;
+
+/// The environment the CLI reads (besides flags), read once in `main`.
+#[derive(Debug, Clone, Default)]
+pub struct Env {
+    /// `DATABASE_URL`.
+    pub database_url: Option<String>,
+    /// `OUTBOXD_SMTP_URL`.
+    pub smtp_url: Option<String>,
+    /// `OUTBOXD_WEBHOOK_SECRET`.
+    pub webhook_secret: Option<String>,
+    /// `OUTBOXD_ALLOW_PRIVATE_NETWORKS`.
+    pub allow_private_networks: Option<String>,
+    /// `OUTBOXD_WEBHOOK_ALLOW_HOSTS`.
+    pub webhook_allow_hosts: Option<String>,
+    /// `OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN`.
+    pub email_message_id_domain: Option<String>,
+}
+
+impl Env {
+    /// Reads the variables.
+    pub fn from_process() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Env {
+            database_url: var("DATABASE_URL"),
+            smtp_url: var("OUTBOXD_SMTP_URL"),
+            webhook_secret: var("OUTBOXD_WEBHOOK_SECRET"),
+            allow_private_networks: var("OUTBOXD_ALLOW_PRIVATE_NETWORKS"),
+            webhook_allow_hosts: var("OUTBOXD_WEBHOOK_ALLOW_HOSTS"),
+            email_message_id_domain: var("OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN"),
+        }
+    }
+
+    fn database(&self) -> Result<tokio_postgres::Config, ConfigError> {
+        let url = self.database_url.as_deref().ok_or_else(|| {
+            ConfigError("DATABASE_URL is not set (e.g. postgres://user@localhost/app)".into())
+        })?;
+        crate::db::parse_url(url)
+    }
+}
+
+/// How a command failed: decides the exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad usage or configuration: exit 2.
+    #[error(transparent)]
+    Usage(#[from] ConfigError),
+    /// A refusal (a key reused with another payload, …): exit 1.
+    #[error("{0}")]
+    Refused(String),
+    /// A runtime failure: exit 1.
+    #[error(transparent)]
+    Runtime(#[from] anyhow::Error),
+}
+
+impl CliError {
+    /// The process exit code.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => 2,
+            CliError::Refused(_) | CliError::Runtime(_) => 1,
+        }
+    }
+}
+
+pub(super) fn runtime(context: &str, e: impl std::fmt::Display) -> CliError {
+    CliError::Runtime(anyhow::anyhow!("{context}: {e}"))
+}
+
+/// [`runtime`] for a database error, with its SQLSTATE and message.
+pub(super) fn db_failed(context: &str, e: &tokio_postgres::Error) -> CliError {
+    runtime(context, crate::db::describe(e))
+}
+
+/// Runs a parsed command.
+pub async fn dispatch(cli: Cli, env: Env) -> Result<(), CliError> {
+    match cli.command {
+        Command::Migrate => ops::migrate(&env).await,
+        Command::Run(args) => run::run(args, &env).await,
+        Command::Enqueue(args) => enqueue::enqueue(args, &env).await,
+        Command::Status(args) => ops::status(args, &env).await,
+        Command::Dead(args) => ops::dead(args, &env).await,
+        Command::Show(args) => ops::show(args, &env).await,
+        Command::Replay(args) => ops::replay(args, &env).await,
+        Command::Purge(args) => ops::purge(args, &env).await,
+    }
+}
+
+pub(super) async fn connect(env: &Env) -> Result<tokio_postgres::Client, CliError> {
+    let cfg = env.database()?;
+    crate::db::connect(&cfg)
+        .await
+        .map_err(|e| db_failed("cannot connect to the database", &e))
+}
+
+/// Stored text (a key, an error, a payload) as text output prints it: control characters,
+/// bidi overrides and the like as visible escapes ([`crate::text::escape`]).
+pub(super) fn esc(s: &str) -> String {
+    crate::text::escape(s).into_owned()
+}
+
+/// Prints a table: a header row, then rows, columns padded to their widest cell.
+pub(super) fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}", w = *w))
+            .collect();
+        out!("{}", padded.join("  ").trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+pub(super) fn json_out<T: serde::Serialize>(value: &T) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| runtime("cannot encode JSON", e))?;
+    out!("{text}");
+    Ok(())
+}

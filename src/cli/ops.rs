@@ -1,0 +1,259 @@
+//! The operator commands: `migrate`, `status`, `dead`, `show`, `replay`, `purge`.
+
+use super::{
+    CliError, DeadArgs, Env, PurgeArgs, ReplayArgs, ShowArgs, StatusArgs, connect, db_failed, esc,
+    json_out, print_table, runtime,
+};
+use crate::model::ConfigError;
+use crate::ops::{AttemptRecord, MessageDetail, ReplayError, ReplaySelection, Target};
+
+pub(super) async fn migrate(env: &Env) -> Result<(), CliError> {
+    let mut client = connect(env).await?;
+    let report = crate::migrate::migrate(&mut client)
+        .await
+        .map_err(|e| CliError::Runtime(e.into()))?;
+    for f in &report.applied {
+        out!("applied {f}");
+    }
+    out!(
+        "schema up to date ({} applied now, {} already)",
+        report.applied.len(),
+        report.already
+    );
+    Ok(())
+}
+
+pub(super) async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> {
+    let client = connect(env).await?;
+    let st = crate::status::status(&client)
+        .await
+        .map_err(|e| db_failed("status failed", &e))?;
+    if args.json {
+        let text = serde_json::to_string(&st).map_err(|e| runtime("status", e))?;
+        out!("{text}");
+        return Ok(());
+    }
+    let channels: Vec<&String> = st.by_channel.keys().collect();
+    out_part!("{:<10} {:>10}", "state", "total");
+    for c in &channels {
+        out_part!(" {:>10}", esc(c));
+    }
+    out!();
+    for state in crate::model::State::ALL {
+        out_part!("{:<10} {:>10}", state.as_str(), st.total.get(state));
+        for c in &channels {
+            out_part!(" {:>10}", st.by_channel.get(*c).map_or(0, |n| n.get(state)));
+        }
+        out!();
+    }
+    out!("oldest due message: {:.1}s", st.oldest_due_seconds);
+    Ok(())
+}
+
+pub(super) async fn dead(args: DeadArgs, env: &Env) -> Result<(), CliError> {
+    if args.limit < 1 {
+        return Err(ConfigError("--limit must be at least 1".into()).into());
+    }
+    let client = connect(env).await?;
+    let rows = crate::ops::dead_letters(&client, &args.filter.filter(), args.limit)
+        .await
+        .map_err(|e| db_failed("listing dead letters failed", &e))?;
+    if args.json {
+        return json_out(&rows);
+    }
+    if rows.is_empty() {
+        out!("no dead letters");
+        return Ok(());
+    }
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|d| {
+            vec![
+                d.id.to_string(),
+                esc(&d.message_key),
+                esc(&d.channel),
+                d.attempts.to_string(),
+                esc(d.error_class.as_deref().unwrap_or_default()),
+                d.dead_at.clone(),
+                esc(d.last_error.as_deref().unwrap_or_default()),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "id",
+            "key",
+            "channel",
+            "attempts",
+            "class",
+            "dead_at",
+            "last_error",
+        ],
+        &table,
+    );
+    Ok(())
+}
+
+pub(super) async fn show(args: ShowArgs, env: &Env) -> Result<(), CliError> {
+    let target = Target::parse(&args.target);
+    let client = connect(env).await?;
+    let detail = crate::ops::show(&client, &target)
+        .await
+        .map_err(|e| db_failed("show failed", &e))?
+        .ok_or_else(|| CliError::Refused(format!("no such message: {target}")))?;
+    if args.json {
+        return json_out(&detail);
+    }
+    print_message(&detail);
+    print_history(&detail.history);
+    Ok(())
+}
+
+/// An absent value as `-`, a present one escaped.
+fn opt(o: &Option<String>) -> String {
+    o.as_deref().map_or_else(|| "-".into(), esc)
+}
+
+/// `show`'s text output, first part: the message's own fields, then a blank line.
+fn print_message(detail: &MessageDetail) {
+    out!("message {} ({})", detail.id, esc(&detail.message_key));
+    out!("  channel      {}", esc(&detail.channel));
+    out!("  state        {}", esc(&detail.state));
+    out!(
+        "  attempts     {}/{} (retry ambiguous: {})",
+        detail.attempts,
+        detail.max_attempts,
+        detail.retry_ambiguous
+    );
+    out!("  run_after    {}", detail.run_after);
+    out!("  created_at   {}", detail.created_at);
+    out!("  updated_at   {}", detail.updated_at);
+    if detail.lease_owner.is_some() {
+        out!(
+            "  lease        {} until {}",
+            opt(&detail.lease_owner),
+            opt(&detail.lease_expires_at)
+        );
+    }
+    if let Some(t) = &detail.delivered_at {
+        out!("  delivered_at {t}");
+    }
+    if let Some(t) = &detail.dead_at {
+        out!("  dead_at      {t}");
+    }
+    if detail.error_class.is_some() {
+        out!(
+            "  error        {}: {}",
+            opt(&detail.error_class),
+            opt(&detail.last_error)
+        );
+    }
+    // serde_json escapes C0 controls in strings, not DEL, C1 or bidi overrides.
+    if let Some(r) = &detail.response {
+        out!("  response     {}", esc(&r.to_string()));
+    }
+    out!("  payload      {}", esc(&detail.payload.to_string()));
+    out!();
+}
+
+/// `show`'s text output, second part: the attempt history as a table.
+fn print_history(history: &[AttemptRecord]) {
+    if history.is_empty() {
+        out!("no attempts yet");
+        return;
+    }
+    let rows: Vec<Vec<String>> = history
+        .iter()
+        .map(|a| {
+            vec![
+                a.attempt.to_string(),
+                esc(&a.outcome),
+                opt(&a.error_class),
+                a.status
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                if a.deduplicated {
+                    "yes".into()
+                } else {
+                    "no".into()
+                },
+                opt(&a.worker),
+                a.started_at.clone(),
+                opt(&a.error),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "attempt",
+            "outcome",
+            "class",
+            "status",
+            "dedup",
+            "worker",
+            "started_at",
+            "error",
+        ],
+        &rows,
+    );
+}
+
+pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> {
+    let selection = if args.all_dead {
+        ReplaySelection::AllDead(args.filter.filter())
+    } else {
+        if args.filter.channel.is_some()
+            || args.filter.error_class.is_some()
+            || args.filter.since.is_some()
+        {
+            return Err(ConfigError(
+                "--channel, --error-class and --since go with --all-dead".into(),
+            )
+            .into());
+        }
+        ReplaySelection::Named(args.targets.iter().map(|t| Target::parse(t)).collect())
+    };
+    let mut client = connect(env).await?;
+    let actor = format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "operator".into())
+    );
+    let replayed = crate::ops::replay(&mut client, &selection, &actor, args.dry_run)
+        .await
+        .map_err(|e| match e {
+            ReplayError::Database(e) => db_failed("replay failed", &e),
+            refused => CliError::Refused(refused.to_string()),
+        })?;
+    for (id, key) in &replayed {
+        out!(
+            "{} {id} {}",
+            if args.dry_run {
+                "would replay"
+            } else {
+                "replayed"
+            },
+            esc(key)
+        );
+    }
+    if args.dry_run {
+        out!(
+            "dry run: {} message(s) would be replayed; nothing changed",
+            replayed.len()
+        );
+    } else {
+        out!("replayed {} message(s)", replayed.len());
+    }
+    Ok(())
+}
+
+pub(super) async fn purge(args: PurgeArgs, env: &Env) -> Result<(), CliError> {
+    crate::config::assemble::check_purge_age(args.older_than)?;
+    let client = connect(env).await?;
+    let total = crate::ops::purge(&client, args.older_than, args.include_dead, 1000, |n| {
+        eprintln!("purged {n} message(s) so far");
+    })
+    .await
+    .map_err(|e| db_failed("purge failed", &e))?;
+    out!("purged {total} message(s)");
+    Ok(())
+}

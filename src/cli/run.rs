@@ -1,0 +1,102 @@
+//! `outboxd run`: the delivery daemon.
+
+use std::time::Duration;
+
+use super::{CliError, Env, RunArgs, runtime};
+use crate::config::WorkerConfig;
+use crate::config::assemble::{self, RunInput};
+use crate::deliver::email::settings::EmailConfig;
+use crate::deliver::webhook::settings::WebhookConfig;
+use crate::deliver::{Deliverers, email::EmailSender, webhook::WebhookSender};
+use crate::model::ConfigError;
+use crate::worker::Worker;
+
+/// Builds the worker's settings from flags and environment, validated. The e-mail
+/// settings are there when `email` is among the channels.
+///
+/// The rules themselves are in [`crate::config::assemble`]; this maps the flags and the
+/// environment into its input.
+pub fn worker_settings(
+    args: &RunArgs,
+    env: &Env,
+) -> Result<(WorkerConfig, WebhookConfig, Option<EmailConfig>), ConfigError> {
+    assemble::worker_settings(&run_input(args, env))
+}
+
+/// The raw values of `outboxd run`, flags and environment, as config's assembly takes them.
+fn run_input(args: &RunArgs, env: &Env) -> RunInput {
+    RunInput {
+        concurrency: args.concurrency,
+        batch_size: args.batch_size,
+        poll_interval: args.poll_interval,
+        lease: args.lease,
+        webhook_timeout: args.webhook_timeout,
+        smtp_timeout: args.smtp_timeout,
+        retry_base: args.retry_base,
+        retry_max: args.retry_max,
+        retention: args.retention,
+        channels: args.channels.clone(),
+        worker_id: args.worker_id.clone(),
+        drain: args.drain,
+        shutdown_grace: args.shutdown_grace,
+        smtp_url: env.smtp_url.clone(),
+        webhook_secret: env.webhook_secret.clone(),
+        allow_private_networks: env.allow_private_networks.clone(),
+        webhook_allow_hosts: env.webhook_allow_hosts.clone(),
+        email_message_id_domain: env.email_message_id_domain.clone(),
+    }
+}
+
+pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
+    let stop = shutdown_signal()?;
+    let (worker_cfg, webhook_cfg, email_cfg) = worker_settings(&args, env)?;
+    let pg = env.database()?;
+    // Connections: claims, completions, and the odd status query; LISTEN has its own.
+    let pool = crate::db::pool(pg.clone(), 4)?;
+    if let Some(addr) = args.metrics_addr {
+        let handle = crate::metrics::install()?;
+        crate::metrics::serve(addr, pool.clone(), handle).await?;
+    }
+    let deliverers = Deliverers {
+        webhook: WebhookSender::new(&webhook_cfg)?,
+        email: email_cfg.as_ref().map(EmailSender::new).transpose()?,
+    };
+    if let Some(cfg) = &email_cfg {
+        tracing::info!(relay = %cfg.smtp, "e-mail delivery through an SMTP relay");
+    }
+    let retention_stop = tokio_util::sync::CancellationToken::new();
+    let retention = tokio::spawn(crate::worker::maintenance::retention(
+        pool.clone(),
+        args.retention,
+        Duration::from_secs(600),
+        retention_stop.clone(),
+    ));
+    let worker = Worker::new(pool, worker_cfg, deliverers, Some(pg));
+    let result = worker.run(stop.cancelled_owned()).await;
+    retention_stop.cancel();
+    let _ = retention.await;
+    result.map_err(|e| CliError::Runtime(e.into()))?;
+    Ok(())
+}
+
+/// Resolves at the first SIGTERM or SIGINT.
+/// Installs the SIGTERM and SIGINT handlers now (before the first database call, so a
+/// signal during start-up is a graceful stop, not the default kill) and returns a token
+/// cancelled at the first of them.
+fn shutdown_signal() -> Result<tokio_util::sync::CancellationToken, CliError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| runtime("cannot install a SIGTERM handler", e))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| runtime("cannot install a SIGINT handler", e))?;
+    let token = tokio_util::sync::CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        t.cancel();
+    });
+    Ok(token)
+}
