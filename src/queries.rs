@@ -19,6 +19,10 @@
 /// to invalidate it, and commit-to-delivery latency doubled (`bench/RESULTS.md`).
 pub const SESSION_SETUP: &str = "SET jit = off";
 
+/// Health probe (`GET /healthz`): succeeds while the database answers on a pooled
+/// connection. Reads nothing.
+pub const HEALTH_CHECK: &str = "SELECT 1";
+
 /// Claim: lease up to `$2` due messages of the channels `$1` for worker `$3`, for `$4`
 /// seconds, in one short committed statement.
 ///
