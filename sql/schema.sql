@@ -1,4 +1,4 @@
--- outboxd: the live schema after every migration of sql/ (0001 … 0007), in one file.
+-- outboxd: the live schema after every migration of sql/ (0001 … 0008), in one file.
 -- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
 -- only the numbered files). tests/schema.rs loads it into an empty database and compares
 -- the catalog with a migrated one; after a new migration, regenerate it with
@@ -309,6 +309,18 @@ BEGIN
     DELETE FROM outbox.attempts;
     RETURN NULL;
 END
+$$;
+
+
+--
+-- Name: on_lease_expiry(boolean, integer, integer); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.on_lease_expiry(retry_ambiguous boolean, attempts integer, max_attempts integer) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT CASE WHEN retry_ambiguous AND attempts < max_attempts THEN 'pending' ELSE 'dead' END
 $$;
 
 

@@ -43,6 +43,10 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
         "0007_enqueue_hardening.sql",
         "8116968acfa10f3041eba88fdb42143f72e9bc35db2efdceb53799ec22791f08",
     ),
+    (
+        "0008_lease_expiry_rule.sql",
+        "7e7cf7f64f87432e711181b3584f0f34e52da253a1e1e292568045a287e94381",
+    ),
 ];
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it
