@@ -171,7 +171,7 @@ async fn metrics_route(State(st): State<AppState>) -> impl IntoResponse {
 async fn healthz(State(st): State<AppState>) -> impl IntoResponse {
     let ok = tokio::time::timeout(DB_TIMEOUT, async {
         let client = st.pool.get().await.ok()?;
-        client.simple_query("SELECT 1").await.ok()
+        client.simple_query(crate::queries::HEALTH_CHECK).await.ok()
     })
     .await;
     match ok {

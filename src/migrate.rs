@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "enqueue_hardening",
         sql: include_str!("../sql/0007_enqueue_hardening.sql"),
     },
+    Migration {
+        version: 8,
+        name: "lease_expiry_rule",
+        sql: include_str!("../sql/0008_lease_expiry_rule.sql"),
+    },
 ];
 
 /// Why migrating failed.

@@ -19,6 +19,10 @@
 /// to invalidate it, and commit-to-delivery latency doubled (`bench/RESULTS.md`).
 pub const SESSION_SETUP: &str = "SET jit = off";
 
+/// Health probe (`GET /healthz`): succeeds while the database answers on a pooled
+/// connection. Reads nothing.
+pub const HEALTH_CHECK: &str = "SELECT 1";
+
 /// Claim: lease up to `$2` due messages of the channels `$1` for worker `$3`, for `$4`
 /// seconds, in one short committed statement.
 ///
@@ -30,8 +34,9 @@ pub const SESSION_SETUP: &str = "SET jit = off";
 /// later write about this attempt must present that token (see [`COMPLETE`]).
 ///
 /// An expired lease means the previous attempt's outcome is unknown: it is recorded as
-/// `lease_lost` (class `ambiguous`) in the history, and if the message does not allow
-/// ambiguous retries or has no attempt left, it is dead-lettered here (`dead`, class
+/// `lease_lost` (class `ambiguous`) in the history, and if `outbox.on_lease_expiry` (the one
+/// SQL statement of `decide`'s ambiguous rule, `sql/0008`) says `dead` (the message does not
+/// allow ambiguous retries or has no attempt left), it is dead-lettered here (`dead`, class
 /// `ambiguous`, returned with `action = 'gave_up'`) instead of being sent once more.
 ///
 /// Returns one row per picked message: `id, message_key, channel, payload (text), attempts
@@ -71,7 +76,7 @@ WITH expired AS (
     INSERT INTO outbox.attempts
         (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
     SELECT m.id, m.attempts, m.lease_owner, m.updated_at, now(),
-           CASE WHEN NOT m.retry_ambiguous OR m.attempts >= m.max_attempts
+           CASE WHEN outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
                 THEN 'dead' ELSE 'lease_lost' END,
            'ambiguous', 'lease expired while running: the attempt may have taken effect'
     FROM outbox.messages m
@@ -80,26 +85,26 @@ WITH expired AS (
 )
 UPDATE outbox.messages m SET
     state            = CASE WHEN m.state = 'running'
-                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
                             THEN 'dead' ELSE 'running' END,
     attempts         = CASE WHEN m.state = 'running'
-                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
                             THEN m.attempts ELSE m.attempts + 1 END,
     lease_owner      = CASE WHEN m.state = 'running'
-                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
                             THEN NULL ELSE $3::text END,
     lease_token      = CASE WHEN m.state = 'running'
-                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
                             THEN NULL ELSE gen_random_uuid() END,
     lease_expires_at = CASE WHEN m.state = 'running'
-                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
                             THEN NULL ELSE now() + make_interval(secs => $4::float8) END,
     error_class      = CASE WHEN m.state = 'running' THEN 'ambiguous' ELSE m.error_class END,
     last_error       = CASE WHEN m.state = 'running'
                             THEN 'lease expired while running: the attempt may have taken effect'
                             ELSE m.last_error END,
     dead_at          = CASE WHEN m.state = 'running'
-                                 AND (NOT m.retry_ambiguous OR m.attempts >= m.max_attempts)
+                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
                             THEN now() END,
     updated_at       = now()
 WHERE m.id = ANY(ARRAY(SELECT id FROM picked))

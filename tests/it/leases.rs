@@ -620,3 +620,93 @@ async fn a_worker_whose_lease_fits_no_attempt_refuses_to_run() {
         "{err}"
     );
 }
+
+/// The claim's lease-expiry arm and `decide` state one rule: for every (retry_ambiguous,
+/// attempts, max_attempts), `outbox.on_lease_expiry` (which `queries::CLAIM` asks) gives
+/// the state `decide(Some(Ambiguous), …)` leads to, and the claim itself writes it.
+#[tokio::test]
+async fn lease_expiry_sql_agrees_with_the_state_machine() {
+    use outboxd::retry::RetryPolicy;
+    use outboxd::state::{Budget, decide};
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let policy = RetryPolicy {
+        base: Duration::from_secs(5),
+        max: Duration::from_secs(900),
+    };
+    for retry_ambiguous in [false, true] {
+        for max_attempts in 1..=4 {
+            for attempts in 1..=max_attempts + 1 {
+                let budget = Budget {
+                    attempt: attempts,
+                    max_attempts,
+                    retry_ambiguous,
+                };
+                let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
+                let got: String = client
+                    .query_one(
+                        "SELECT outbox.on_lease_expiry($1, $2, $3)",
+                        &[&retry_ambiguous, &attempts, &max_attempts],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert_eq!(got, want.next_state().as_str(), "{budget:?}");
+                if let Transition::Dead { class } = want {
+                    assert_eq!(class, ErrorClass::Ambiguous, "{budget:?}");
+                }
+            }
+        }
+    }
+    // And the claim writes what the rule says, for each kind of expired row.
+    let cases = [(true, 1, 3), (false, 1, 3), (true, 3, 3), (true, 2, 3)];
+    for (i, (retry_ambiguous, attempts, max_attempts)) in cases.iter().enumerate() {
+        let key = format!("expiry-{i}");
+        client
+            .execute(
+                "INSERT INTO outbox.messages (message_key, channel, payload, max_attempts, retry_ambiguous)
+                 VALUES ($1, 'webhook', '{\"url\": \"https://example.com/\"}', $2, $3)",
+                &[&key, max_attempts, retry_ambiguous],
+            )
+            .await
+            .unwrap();
+        client
+            .execute(
+                "UPDATE outbox.messages SET state = 'running', attempts = $2, lease_owner = 'gone',
+                        lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second'
+                 WHERE message_key = $1",
+                &[&key, attempts],
+            )
+            .await
+            .unwrap();
+        let batch = claim::claim(
+            &client,
+            &[Channel::Webhook],
+            10,
+            "w2",
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+        let budget = Budget {
+            attempt: *attempts,
+            max_attempts: *max_attempts,
+            retry_ambiguous: *retry_ambiguous,
+        };
+        let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
+        match want {
+            Transition::Dead { .. } => {
+                assert_eq!(batch.gave_up.len(), 1, "{budget:?}");
+                assert_eq!(row_state(&db, &key).await, "dead", "{budget:?}");
+            }
+            _ => {
+                assert_eq!(batch.claimed.len(), 1, "{budget:?}");
+                assert_eq!(batch.claimed[0].attempt, attempts + 1, "{budget:?}");
+                client
+                    .execute("UPDATE outbox.messages SET state = 'delivered', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, delivered_at = now() WHERE message_key = $1", &[&key])
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}

@@ -1,0 +1,722 @@
+-- outboxd: the live schema after every migration of sql/ (0001 … 0008), in one file.
+-- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
+-- only the numbered files). tests/schema.rs loads it into an empty database and compares
+-- the catalog with a migrated one; after a new migration, regenerate it with
+--   pg_dump --schema-only --schema=outbox --no-owner --no-privileges (psql \ lines removed).
+
+--
+-- PostgreSQL database dump
+--
+
+
+-- Dumped from database version 15.20 (Debian 15.20-0+deb12u1)
+-- Dumped by pg_dump version 15.20 (Debian 15.20-0+deb12u1)
+
+SET statement_timeout = 0;
+SET lock_timeout = 0;
+SET idle_in_transaction_session_timeout = 0;
+SET client_encoding = 'UTF8';
+SET standard_conforming_strings = on;
+SELECT pg_catalog.set_config('search_path', '', false);
+SET check_function_bodies = false;
+SET xmloption = content;
+SET client_min_messages = warning;
+SET row_security = off;
+
+--
+-- Name: outbox; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA outbox;
+
+
+--
+-- Name: enqueue(text, text, jsonb, timestamp with time zone, integer, boolean); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.enqueue(message_key text, channel text, payload jsonb, run_after timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 3, retry_ambiguous boolean DEFAULT true) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN (outbox.enqueue_row(enqueue.message_key, enqueue.channel, enqueue.payload,
+                               enqueue.run_after, enqueue.max_attempts,
+                               enqueue.retry_ambiguous)).id;
+END
+$$;
+
+
+--
+-- Name: enqueue_many(text[], text[], jsonb[], timestamp with time zone[], integer[], boolean[]); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.enqueue_many(message_keys text[], channels text[], payloads jsonb[], run_afters timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[], max_attempts integer[] DEFAULT '{}'::integer[], retry_ambiguous boolean[] DEFAULT '{}'::boolean[]) RETURNS TABLE(id bigint, created boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    n          integer := coalesce(array_length(message_keys, 1), 0);
+    v_conflict integer;
+    v_key      text;
+    v_ins_keys text[];
+    v_ins_ids  bigint[];
+    v_ids      bigint[];
+    v_created  boolean[];
+    v_anomaly  integer;
+BEGIN
+    IF coalesce(array_length(channels, 1), 0) <> n OR coalesce(array_length(payloads, 1), 0) <> n THEN
+        RAISE EXCEPTION 'message_keys, channels and payloads must have the same length'
+            USING ERRCODE = '22023', COLUMN = 'message_keys';
+    END IF;
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+
+    -- The first row that would conflict, in array order. Fingerprints are computed only
+    -- for keys that are stored already or repeated in the batch.
+    SELECT min(x.ord) INTO v_conflict
+    FROM (
+        SELECT y.ord, y.h, y.h_stored,
+               first_value(y.h) OVER (PARTITION BY y.k ORDER BY y.ord) AS h_first
+        FROM (
+            SELECT b.ord, b.k, s.request_hash AS h_stored,
+                   CASE WHEN s.request_hash IS NOT NULL OR b.repeated
+                        THEN outbox.request_hash(b.c, b.p) END AS h
+            FROM (
+                SELECT u.ord, u.k, u.c, u.p, count(*) OVER (PARTITION BY u.k) > 1 AS repeated
+                FROM unnest(message_keys, channels, payloads) WITH ORDINALITY AS u(k, c, p, ord)
+            ) b
+            -- LIMIT 1: a probe of the unique index per row, whatever the table holds.
+            LEFT JOIN LATERAL (
+                SELECT m.request_hash FROM outbox.messages m WHERE m.message_key = b.k LIMIT 1
+            ) s ON true
+        ) y
+    ) x
+    WHERE CASE WHEN x.h_stored IS NOT NULL THEN x.h_stored <> x.h ELSE x.h_first <> x.h END;
+
+    IF v_conflict IS NOT NULL THEN
+        FOR i IN 1 .. v_conflict LOOP
+            PERFORM outbox.validate(message_keys[i], channels[i], payloads[i],
+                                    coalesce(enqueue_many.max_attempts[i], 3));
+        END LOOP;
+        v_key := message_keys[v_conflict];
+        RAISE EXCEPTION 'message key % was already used with a different channel or payload',
+            quote_literal(v_key)
+            USING ERRCODE = 'OB409',
+                  DETAIL = v_key,
+                  HINT = 'a message key names one side effect; use a new key for a new one';
+    END IF;
+
+    -- One INSERT, rows in array order. The BEFORE INSERT trigger validates each row (those
+    -- whose key exists too) and fills the fingerprint (request_hash is left to it).
+    WITH ins AS (
+        INSERT INTO outbox.messages AS m
+            (message_key, channel, payload, request_hash, run_after, max_attempts, retry_ambiguous)
+        SELECT u.k, u.c, u.p, NULL,
+               coalesce(run_afters[u.ord], now()),
+               coalesce(enqueue_many.max_attempts[u.ord], 3),
+               coalesce(enqueue_many.retry_ambiguous[u.ord], true)
+        FROM unnest(message_keys, channels, payloads) WITH ORDINALITY AS u(k, c, p, ord)
+        ORDER BY u.ord
+        ON CONFLICT ON CONSTRAINT messages_message_key_key DO NOTHING
+        RETURNING m.message_key, m.id
+    )
+    SELECT coalesce(array_agg(ins.message_key), '{}'), coalesce(array_agg(ins.id), '{}')
+    INTO v_ins_keys, v_ins_ids
+    FROM ins;
+
+    -- The ids, in array order: inserted here (the first row of its key is `created`), or
+    -- stored already. A new statement, so rows committed meanwhile by others are visible:
+    -- such a row with another fingerprint, or a row purged meanwhile, is an anomaly.
+    SELECT array_agg(z.id ORDER BY z.ord), array_agg(z.created ORDER BY z.ord),
+           min(z.ord) FILTER (WHERE z.anomaly)
+    INTO v_ids, v_created, v_anomaly
+    FROM (
+        SELECT b.ord,
+               coalesce(i.id, s.id) AS id,
+               i.id IS NOT NULL AND b.ord = min(b.ord) OVER (PARTITION BY b.k) AS created,
+               i.id IS NULL AND (s.id IS NULL
+                                 OR s.request_hash <> outbox.request_hash(b.c, b.p)) AS anomaly
+        FROM unnest(message_keys, channels, payloads) WITH ORDINALITY AS b(k, c, p, ord)
+        LEFT JOIN unnest(v_ins_keys, v_ins_ids) AS i(k, id) ON i.k = b.k
+        LEFT JOIN LATERAL (
+            SELECT m.id, m.request_hash FROM outbox.messages m
+            WHERE i.id IS NULL AND m.message_key = b.k LIMIT 1
+        ) s ON true
+    ) z;
+
+    IF v_anomaly IS NOT NULL THEN
+        -- Rare: settle each remaining row of the batch as outbox.enqueue_row does (it
+        -- raises OB409 for a key taken meanwhile with another payload, and inserts again
+        -- a row purged meanwhile).
+        FOR i IN v_anomaly .. n LOOP
+            IF v_ids[i] IS NULL OR NOT v_created[i] THEN
+                SELECT e.id, e.created INTO v_ids[i], v_created[i]
+                FROM outbox.enqueue_row(message_keys[i], channels[i], payloads[i],
+                                        coalesce(run_afters[i], now()),
+                                        coalesce(enqueue_many.max_attempts[i], 3),
+                                        coalesce(enqueue_many.retry_ambiguous[i], true)) e;
+            END IF;
+        END LOOP;
+    END IF;
+
+    RETURN QUERY SELECT u.id, u.created FROM unnest(v_ids, v_created) AS u(id, created);
+END
+$$;
+
+
+--
+-- Name: enqueue_row(text, text, jsonb, timestamp with time zone, integer, boolean); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.enqueue_row(message_key text, channel text, payload jsonb, run_after timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 3, retry_ambiguous boolean DEFAULT true, OUT id bigint, OUT created boolean) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_existing bytea;
+BEGIN
+    -- The BEFORE INSERT trigger validates the row and fills its fingerprint, also when the
+    -- key already exists (row triggers fire before the conflict check), so bad input never
+    -- reaches the dedup path.
+    IF enqueue_row.retry_ambiguous IS NULL THEN
+        RAISE EXCEPTION 'retry_ambiguous must not be null'
+            USING ERRCODE = '22023', COLUMN = 'retry_ambiguous';
+    END IF;
+    LOOP
+        INSERT INTO outbox.messages AS m
+            (message_key, channel, payload, request_hash, run_after, max_attempts, retry_ambiguous)
+        VALUES (enqueue_row.message_key, enqueue_row.channel, enqueue_row.payload, NULL,
+                coalesce(enqueue_row.run_after, now()), enqueue_row.max_attempts,
+                enqueue_row.retry_ambiguous)
+        ON CONFLICT ON CONSTRAINT messages_message_key_key DO NOTHING
+        RETURNING m.id INTO enqueue_row.id;
+        IF enqueue_row.id IS NOT NULL THEN
+            created := true;
+            RETURN;
+        END IF;
+
+        SELECT m.id, m.request_hash INTO enqueue_row.id, v_existing
+        FROM outbox.messages AS m
+        WHERE m.message_key = enqueue_row.message_key;
+        IF enqueue_row.id IS NOT NULL THEN
+            IF v_existing <> outbox.request_hash(enqueue_row.channel, enqueue_row.payload) THEN
+                RAISE EXCEPTION 'message key % was already used with a different channel or payload',
+                    quote_literal(enqueue_row.message_key)
+                    USING ERRCODE = 'OB409',
+                          DETAIL = enqueue_row.message_key,
+                          HINT = 'a message key names one side effect; use a new key for a new one';
+            END IF;
+            created := false;
+            RETURN;
+        END IF;
+        -- The conflicting row was deleted (purged) between the two statements: insert again.
+    END LOOP;
+END
+$$;
+
+
+--
+-- Name: messages_before_insert(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.messages_before_insert() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_text text := NEW.payload::text;
+BEGIN
+    -- Every rule at once; NULLs make it false.
+    IF NOT coalesce(
+            char_length(NEW.message_key) BETWEEN 1 AND 255
+            AND NEW.message_key = btrim(NEW.message_key, E' \t\r\n')
+            AND NEW.message_key !~ E'[\\u0001-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]'
+            AND jsonb_typeof(NEW.payload) = 'object'
+            AND octet_length(v_text) <= 1048576
+            AND NEW.max_attempts >= 1
+            AND isfinite(NEW.run_after)
+            AND CASE NEW.channel
+                    WHEN 'webhook' THEN jsonb_typeof(NEW.payload -> 'url') = 'string'
+                    WHEN 'email' THEN
+                        (jsonb_typeof(NEW.payload -> 'to') = 'string'
+                         AND btrim(NEW.payload ->> 'to') <> '')
+                        OR (jsonb_typeof(NEW.payload -> 'to') = 'array'
+                            AND jsonb_array_length(NEW.payload -> 'to') > 0)
+                    ELSE false
+                END,
+            false) THEN
+        -- Raises 22023 naming the field.
+        PERFORM outbox.validate(NEW.message_key, NEW.channel, NEW.payload, NEW.max_attempts);
+        -- A NULL run_after is left to the column's NOT NULL constraint.
+        IF NOT isfinite(NEW.run_after) THEN
+            RAISE EXCEPTION 'run_after must be a finite time (got %)', NEW.run_after
+                USING ERRCODE = '22023', COLUMN = 'run_after';
+        END IF;
+    END IF;
+    -- outbox.request_hash(channel, payload), from the text rendered above.
+    NEW.request_hash := sha256(convert_to(NEW.channel || E'\n' || v_text, 'UTF8'));
+    RETURN NEW;
+END
+$$;
+
+
+--
+-- Name: messages_delete_history(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.messages_delete_history() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    -- One statement per DELETE statement, through attempts_message_idx.
+    DELETE FROM outbox.attempts a USING gone g WHERE a.message_id = g.id;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: messages_notify(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.messages_notify() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF outbox.wake_needed() THEN
+        PERFORM pg_notify('outbox_messages', '');
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: messages_truncate_history(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.messages_truncate_history() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    -- DELETE, not TRUNCATE: `TRUNCATE outbox.attempts, outbox.messages` fires this with
+    -- outbox.attempts already truncated by the same statement, which a nested TRUNCATE
+    -- refuses ("being used by active queries").
+    DELETE FROM outbox.attempts;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: on_lease_expiry(boolean, integer, integer); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.on_lease_expiry(retry_ambiguous boolean, attempts integer, max_attempts integer) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT CASE WHEN retry_ambiguous AND attempts < max_attempts THEN 'pending' ELSE 'dead' END
+$$;
+
+
+--
+-- Name: purge(interval, boolean, integer); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.purge(older_than interval, include_dead boolean DEFAULT false, batch_size integer DEFAULT 1000) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_deleted bigint;
+BEGIN
+    IF older_than IS NULL OR older_than < interval '24 hours' THEN
+        RAISE EXCEPTION 'older_than must be at least 24 hours' USING ERRCODE = '22023', COLUMN = 'older_than';
+    END IF;
+    IF batch_size IS NULL OR batch_size < 1 THEN
+        RAISE EXCEPTION 'batch_size must be at least 1' USING ERRCODE = '22023', COLUMN = 'batch_size';
+    END IF;
+    WITH old_delivered AS (
+        SELECT m.id FROM outbox.messages m
+        WHERE m.state = 'delivered' AND m.delivered_at < now() - older_than
+        ORDER BY m.delivered_at LIMIT batch_size FOR UPDATE SKIP LOCKED
+    ), old_dead AS (
+        SELECT m.id FROM outbox.messages m
+        WHERE include_dead AND m.state = 'dead' AND m.dead_at < now() - older_than
+        ORDER BY m.dead_at LIMIT batch_size FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM outbox.messages m
+        WHERE m.id IN (SELECT id FROM old_delivered UNION ALL SELECT id FROM old_dead)
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_deleted FROM gone;
+    RETURN v_deleted;
+END
+$$;
+
+
+--
+-- Name: replay(bigint[], text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.replay(message_ids bigint[], actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_missing  text;
+    v_not_dead text;
+BEGIN
+    -- Lock the rows first (in id order, so two replays cannot deadlock), then check.
+    PERFORM 1 FROM outbox.messages m WHERE m.id = ANY(message_ids) ORDER BY m.id FOR UPDATE;
+
+    SELECT string_agg(x::text, ', ' ORDER BY x) INTO v_missing
+    FROM unnest(message_ids) AS x
+    WHERE NOT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = x);
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'no message with id %; nothing replayed', v_missing USING ERRCODE = 'P0002';
+    END IF;
+
+    SELECT string_agg(format('%s (%s, %s)', m.id, quote_literal(m.message_key), m.state), ', ' ORDER BY m.id)
+    INTO v_not_dead
+    FROM outbox.messages m
+    WHERE m.id = ANY(message_ids) AND m.state <> 'dead';
+    IF v_not_dead IS NOT NULL THEN
+        RAISE EXCEPTION 'not dead, so not replayed: %; nothing replayed', v_not_dead
+            USING ERRCODE = '55000';
+    END IF;
+
+    INSERT INTO outbox.attempts
+        (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
+    SELECT m.id, m.attempts, actor, now(), now(), 'replayed', m.error_class, m.last_error
+    FROM outbox.messages m
+    WHERE m.id = ANY(message_ids);
+
+    RETURN QUERY
+    UPDATE outbox.messages m SET
+        state       = 'pending',
+        attempts    = 0,
+        run_after   = now(),
+        error_class = NULL,
+        last_error  = NULL,
+        dead_at     = NULL,
+        updated_at  = now()
+    WHERE m.id = ANY(message_ids)
+    RETURNING m.id, m.message_key;
+
+    PERFORM pg_notify('outbox_messages', '');
+END
+$$;
+
+
+--
+-- Name: request_hash(text, jsonb); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.request_hash(channel text, payload jsonb) RETURNS bytea
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN sha256(convert_to(channel || E'\n' || payload::text, 'UTF8'));
+END
+$$;
+
+
+--
+-- Name: validate(text, text, jsonb, integer); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.validate(message_key text, channel text, payload jsonb, max_attempts integer) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_bad text;
+BEGIN
+    IF message_key IS NULL OR char_length(message_key) = 0 THEN
+        RAISE EXCEPTION 'message_key must not be empty' USING ERRCODE = '22023', COLUMN = 'message_key';
+    END IF;
+    -- HTTP strips whitespace at the edges of a header value: ' k' would reach the receiver
+    -- as 'k' and collide with another message's key.
+    IF message_key <> btrim(message_key, E' \t\r\n') THEN
+        RAISE EXCEPTION 'message_key must not begin or end with whitespace'
+            USING ERRCODE = '22023', COLUMN = 'message_key';
+    END IF;
+    IF char_length(message_key) > 255 THEN
+        RAISE EXCEPTION 'message_key must be at most 255 characters (got %)', char_length(message_key)
+            USING ERRCODE = '22023', COLUMN = 'message_key';
+    END IF;
+    -- The same class as in outbox.messages_before_insert (keep the two patterns equal). An
+    -- E'' string, so the pattern reads the same whatever standard_conforming_strings says.
+    v_bad := substring(message_key FROM E'[\\u0001-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]');
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'message_key must not contain control characters (U+% at character %)',
+            lpad(upper(to_hex(ascii(v_bad))), 4, '0'), strpos(message_key, v_bad)
+            USING ERRCODE = '22023', COLUMN = 'message_key',
+                  HINT = 'C0 and C1 controls, DEL, U+2028, U+2029 and bidirectional controls are refused';
+    END IF;
+    IF channel IS NULL OR channel NOT IN ('webhook', 'email') THEN
+        RAISE EXCEPTION 'channel must be ''webhook'' or ''email'' (got %)', coalesce(quote_literal(channel), 'NULL')
+            USING ERRCODE = '22023', COLUMN = 'channel';
+    END IF;
+    IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
+        RAISE EXCEPTION 'payload must be a JSON object' USING ERRCODE = '22023', COLUMN = 'payload';
+    END IF;
+    -- 1 MiB of JSON text: an outbox row is a notification, not a file transfer, and a
+    -- bounded row keeps claims and completions cheap.
+    IF octet_length(payload::text) > 1048576 THEN
+        RAISE EXCEPTION 'payload must be at most 1 MiB of JSON (got % bytes)', octet_length(payload::text)
+            USING ERRCODE = '22023', COLUMN = 'payload';
+    END IF;
+    IF max_attempts IS NULL OR max_attempts < 1 THEN
+        RAISE EXCEPTION 'max_attempts must be at least 1' USING ERRCODE = '22023', COLUMN = 'max_attempts';
+    END IF;
+    IF channel = 'webhook' THEN
+        IF jsonb_typeof(payload -> 'url') IS DISTINCT FROM 'string' THEN
+            RAISE EXCEPTION 'payload.url must be a string' USING ERRCODE = '22023', COLUMN = 'payload.url';
+        END IF;
+    ELSIF channel = 'email' THEN
+        IF NOT coalesce((jsonb_typeof(payload -> 'to') = 'string' AND btrim(payload ->> 'to') <> '')
+                OR (jsonb_typeof(payload -> 'to') = 'array' AND jsonb_array_length(payload -> 'to') > 0), false) THEN
+            RAISE EXCEPTION 'payload.to must be an address or a non-empty array of addresses'
+                USING ERRCODE = '22023', COLUMN = 'payload.to';
+        END IF;
+    END IF;
+END
+$$;
+
+
+--
+-- Name: wake_needed(); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.wake_needed() RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1869968482, 1) THEN
+        RETURN true;
+    END IF;
+    IF pg_catalog.pg_try_advisory_lock(1869968482, 2) THEN
+        PERFORM pg_catalog.pg_advisory_unlock(1869968482, 2);
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$$;
+
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: attempts; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.attempts (
+    id bigint NOT NULL,
+    message_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    worker text,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone,
+    outcome text NOT NULL,
+    error_class text,
+    error text,
+    status integer,
+    deduplicated boolean DEFAULT false NOT NULL,
+    CONSTRAINT attempts_error_class_check CHECK ((error_class = ANY (ARRAY['transient'::text, 'ambiguous'::text, 'permanent'::text, 'invalid'::text, 'exhausted'::text]))),
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'retry'::text, 'dead'::text, 'lease_lost'::text, 'released'::text, 'replayed'::text])))
+)
+WITH (autovacuum_vacuum_insert_scale_factor='0.05');
+
+
+--
+-- Name: attempts_id_seq; Type: SEQUENCE; Schema: outbox; Owner: -
+--
+
+ALTER TABLE outbox.attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME outbox.attempts_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: messages; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.messages (
+    id bigint NOT NULL,
+    message_key text NOT NULL,
+    channel text NOT NULL,
+    payload jsonb NOT NULL,
+    request_hash bytea NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    retry_ambiguous boolean DEFAULT true NOT NULL,
+    run_after timestamp with time zone DEFAULT now() NOT NULL,
+    lease_owner text,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    error_class text,
+    last_error text,
+    response jsonb,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    delivered_at timestamp with time zone,
+    dead_at timestamp with time zone,
+    CONSTRAINT messages_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT messages_channel_check CHECK ((channel = ANY (ARRAY['webhook'::text, 'email'::text]))),
+    CONSTRAINT messages_dead_at_iff_dead CHECK (((state = 'dead'::text) = (dead_at IS NOT NULL))),
+    CONSTRAINT messages_dead_has_class CHECK (((state <> 'dead'::text) OR (error_class IS NOT NULL))),
+    CONSTRAINT messages_delivered_at_iff_delivered CHECK (((state = 'delivered'::text) = (delivered_at IS NOT NULL))),
+    CONSTRAINT messages_error_class_check CHECK ((error_class = ANY (ARRAY['transient'::text, 'ambiguous'::text, 'permanent'::text, 'invalid'::text, 'exhausted'::text]))),
+    CONSTRAINT messages_key_length CHECK (((char_length(message_key) >= 1) AND (char_length(message_key) <= 255))),
+    CONSTRAINT messages_lease_iff_running CHECK ((((state = 'running'::text) = (lease_owner IS NOT NULL)) AND ((lease_owner IS NULL) = (lease_token IS NULL)) AND ((lease_owner IS NULL) = (lease_expires_at IS NULL)))),
+    CONSTRAINT messages_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT messages_payload_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
+    CONSTRAINT messages_request_hash_len CHECK ((octet_length(request_hash) = 32)),
+    CONSTRAINT messages_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'delivered'::text, 'dead'::text])))
+)
+WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_insert_scale_factor='0.05');
+
+
+--
+-- Name: messages_id_seq; Type: SEQUENCE; Schema: outbox; Owner: -
+--
+
+ALTER TABLE outbox.messages ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME outbox.messages_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: schema_migrations; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+--
+-- Name: attempts attempts_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.attempts
+    ADD CONSTRAINT attempts_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: messages messages_message_key_key; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.messages
+    ADD CONSTRAINT messages_message_key_key UNIQUE (message_key);
+
+
+--
+-- Name: messages messages_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.messages
+    ADD CONSTRAINT messages_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: schema_migrations schema_migrations_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.schema_migrations
+    ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+
+--
+-- Name: attempts_message_idx; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX attempts_message_idx ON outbox.attempts USING btree (message_id, id);
+
+
+--
+-- Name: messages_dead_idx; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX messages_dead_idx ON outbox.messages USING btree (dead_at) WHERE (state = 'dead'::text);
+
+
+--
+-- Name: messages_delivered_idx; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX messages_delivered_idx ON outbox.messages USING btree (delivered_at) WHERE (state = 'delivered'::text);
+
+
+--
+-- Name: messages_due_idx; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX messages_due_idx ON outbox.messages USING btree (run_after, id) WHERE (state = 'pending'::text);
+
+
+--
+-- Name: messages_lease_idx; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX messages_lease_idx ON outbox.messages USING btree (lease_expires_at) WHERE (state = 'running'::text);
+
+
+--
+-- Name: messages messages_before_insert; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER messages_before_insert BEFORE INSERT ON outbox.messages FOR EACH ROW EXECUTE FUNCTION outbox.messages_before_insert();
+
+
+--
+-- Name: messages messages_delete_history; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER messages_delete_history AFTER DELETE ON outbox.messages REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_delete_history();
+
+
+--
+-- Name: messages messages_notify; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER messages_notify AFTER INSERT ON outbox.messages FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_notify();
+
+
+--
+-- Name: messages messages_truncate_history; Type: TRIGGER; Schema: outbox; Owner: -
+--
+
+CREATE TRIGGER messages_truncate_history AFTER TRUNCATE ON outbox.messages FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_truncate_history();
+
+
+--
+-- PostgreSQL database dump complete
+--
+
+

@@ -1,0 +1,554 @@
+//! Tidy: the architecture invariants of `ARCHITECTURE.md`, checked by reading the source tree
+//! (rust-analyzer's `tidy` is the model). Each failure names the file and line.
+//!
+//! The scanner is deliberately simple: it strips `//` comments, knows `"…"` and `r#"…"#`
+//! literals, and treats everything from a `#[cfg(test)]` line to the end of the file as test
+//! code (test modules sit at the end of their file in this crate).
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// Released migrations and the SHA-256 of each file. A released file never changes (the
+/// ledger of every installed database records its checksum); a new migration is added here
+/// when it is released.
+const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "0001_outbox.sql",
+        "c17a4c0d66a1c150d8028ceade7ef37309609be0b25e12599a30a95e74adb427",
+    ),
+    (
+        "0002_operations.sql",
+        "db38ce4fb3ed664e87973cea689c58e4e10ad0f0db5a5247fb257512ce5bb808",
+    ),
+    (
+        "0003_enqueue_many_set_based.sql",
+        "dbc854304c30cca647ec1527a382b3fcbca8218321506e54f558360950343b4a",
+    ),
+    (
+        "0004_attempts_without_foreign_key.sql",
+        "3ccc83e6968b305866adb111bb1105188c43cb0b9db5141e973079a486c75339",
+    ),
+    (
+        "0005_wakeups_for_idle_workers.sql",
+        "7071290498fff6c25644e3e6ba83fe43abe97227e1084d6cbef8a8c170cc8238",
+    ),
+    (
+        "0006_cheaper_enqueue.sql",
+        "42f010a68548f09815d5d9beebb787b8545d9bb4b5f036b8a18ec77260732067",
+    ),
+    (
+        "0007_enqueue_hardening.sql",
+        "8116968acfa10f3041eba88fdb42143f72e9bc35db2efdceb53799ec22791f08",
+    ),
+    (
+        "0008_lease_expiry_rule.sql",
+        "7e7cf7f64f87432e711181b3584f0f34e52da253a1e1e292568045a287e94381",
+    ),
+];
+
+/// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it
+/// cannot fail). Empty today: every one outside `#[cfg(test)]` was replaced by handling.
+const ALLOWED_UNWRAPS: &[(&str, &str, &str)] = &[];
+
+/// Known exceptions to "delivery does not import `crate::config`": none since each channel
+/// owns its settings (`deliver/*/settings.rs`); kept as a list so that a reviewer sees any
+/// new one.
+const KNOWN_CONFIG_IMPORTS_IN_DELIVER: &[(&str, &str)] = &[];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// One source file as lines: the code of each line (comments and literals blanked) and the
+/// string literals that start on it, and whether the line is test code.
+struct Line {
+    number: usize,
+    text: String,
+    code: String,
+    literals: Vec<String>,
+    test: bool,
+}
+
+struct Source {
+    rel: String,
+    lines: Vec<Line>,
+}
+
+fn sources(under: &str) -> Vec<Source> {
+    let mut files = Vec::new();
+    rust_files(&root().join(under), &mut files);
+    files
+        .iter()
+        .map(|p| {
+            let rel = p
+                .strip_prefix(root())
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            Source {
+                rel,
+                lines: scan(&std::fs::read_to_string(p).unwrap()),
+            }
+        })
+        .collect()
+}
+
+fn scan(text: &str) -> Vec<Line> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut lines = Vec::new();
+    let mut code = String::new();
+    let mut literals: Vec<String> = Vec::new();
+    let mut current_line = 1usize;
+
+    let mut raw_text = String::new();
+    let mut in_test = false;
+    let mut i = 0;
+    let push_line = |lines: &mut Vec<Line>,
+                     raw: &mut String,
+                     code: &mut String,
+                     lits: &mut Vec<String>,
+                     n: usize,
+                     in_test: &mut bool| {
+        if raw.trim_start().starts_with("#[cfg(test)]") {
+            *in_test = true;
+        }
+        lines.push(Line {
+            number: n,
+            text: std::mem::take(raw),
+            code: std::mem::take(code),
+            literals: std::mem::take(lits),
+            test: *in_test,
+        });
+    };
+    let mut pending_literals: Vec<(usize, String)> = Vec::new();
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '\n' {
+            let mut mine: Vec<String> = Vec::new();
+            pending_literals.retain(|(n, s)| {
+                if *n == current_line {
+                    mine.push(s.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            literals.extend(mine);
+            push_line(
+                &mut lines,
+                &mut raw_text,
+                &mut code,
+                &mut literals,
+                current_line,
+                &mut in_test,
+            );
+            current_line += 1;
+            i += 1;
+            continue;
+        }
+        if c == '/' && chars.get(i + 1) == Some(&'/') {
+            while i < chars.len() && chars[i] != '\n' {
+                raw_text.push(chars[i]);
+                i += 1;
+            }
+            continue;
+        }
+        // Character literals such as '"' must not open a string.
+        if c == '\'' && chars.get(i + 2) == Some(&'\'') {
+            for k in 0..3 {
+                raw_text.push(chars[i + k]);
+            }
+            code.push_str("' '");
+            i += 3;
+            continue;
+        }
+        if c == '\'' && chars.get(i + 1) == Some(&'\\') && chars.get(i + 3) == Some(&'\'') {
+            for k in 0..4 {
+                raw_text.push(chars[i + k]);
+            }
+            code.push_str("' '");
+            i += 4;
+            continue;
+        }
+        let raw_start = c == 'r'
+            && (chars.get(i + 1) == Some(&'"') || chars.get(i + 1) == Some(&'#'))
+            && (i == 0 || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '_'));
+        if c == '"' || raw_start {
+            let literal_line = current_line;
+            let mut hashes = 0;
+            let raw = raw_start;
+            if raw {
+                raw_text.push('r');
+                i += 1;
+                while chars.get(i) == Some(&'#') {
+                    hashes += 1;
+                    raw_text.push('#');
+                    i += 1;
+                }
+                if chars.get(i) != Some(&'"') {
+                    code.push('r');
+                    continue;
+                }
+            }
+            raw_text.push('"');
+            i += 1;
+            let mut lit = String::new();
+            while i < chars.len() {
+                let ch = chars[i];
+                if !raw && ch == '\\' {
+                    lit.push(ch);
+                    raw_text.push(ch);
+                    if let Some(&n) = chars.get(i + 1) {
+                        lit.push(n);
+                        if n == '\n' {
+                            push_line(
+                                &mut lines,
+                                &mut raw_text,
+                                &mut code,
+                                &mut literals,
+                                current_line,
+                                &mut in_test,
+                            );
+                            current_line += 1;
+                        } else {
+                            raw_text.push(n);
+                        }
+                    }
+                    i += 2;
+                    continue;
+                }
+                if ch == '"' && (0..hashes).all(|k| chars.get(i + 1 + k) == Some(&'#')) {
+                    raw_text.push('"');
+                    i += 1 + hashes;
+                    break;
+                }
+                lit.push(ch);
+                if ch == '\n' {
+                    push_line(
+                        &mut lines,
+                        &mut raw_text,
+                        &mut code,
+                        &mut literals,
+                        current_line,
+                        &mut in_test,
+                    );
+                    current_line += 1;
+                } else {
+                    raw_text.push(ch);
+                }
+                i += 1;
+            }
+            code.push_str("\"\"");
+            pending_literals.push((literal_line, lit));
+            continue;
+        }
+        code.push(c);
+        raw_text.push(c);
+        i += 1;
+    }
+    for (_, s) in pending_literals.drain(..) {
+        literals.push(s);
+    }
+    push_line(
+        &mut lines,
+        &mut raw_text,
+        &mut code,
+        &mut literals,
+        current_line,
+        &mut in_test,
+    );
+    // A literal is reported on the line it starts on.
+    lines
+}
+
+/// Why a string literal looks like SQL, if it does.
+fn sql_in(lit: &str) -> Option<&'static str> {
+    let words: Vec<&str> = lit
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')' || c == ',')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let upper = |w: &str| w.chars().all(|c| c.is_ascii_uppercase());
+    let ident = |w: &str| {
+        let w = w.trim_end_matches(';');
+        !w.is_empty()
+            && w.contains('_')
+            && w.chars()
+                .all(|c| c.is_ascii_lowercase() || c == '_' || c == '"' || c.is_ascii_digit())
+    };
+    if lit.contains("pg_advisory") {
+        return Some("pg_advisory");
+    }
+    if lit.contains("outbox.") && words.iter().any(|w| ["FROM", "INTO", "JOIN"].contains(w)) {
+        return Some("a statement on the outbox schema");
+    }
+    for (k, w) in words.iter().enumerate() {
+        let next = words.get(k + 1).copied().unwrap_or("");
+        let hit = match *w {
+            "SELECT" => {
+                !next.is_empty()
+                    && (next.chars().all(|c| c.is_ascii_digit())
+                        || next == "*"
+                        || next.contains('(')
+                        || next.contains('.')
+                        || words.contains(&"FROM"))
+            }
+            "INSERT" => next == "INTO",
+            "DELETE" => next == "FROM",
+            "UPDATE" => words[k..].contains(&"SET"),
+            "LISTEN" | "UNLISTEN" | "NOTIFY" => ident(next) || next == "*",
+            "BEGIN" | "COMMIT" | "ROLLBACK" => {
+                words.len() == 1
+                    || next.starts_with(';')
+                    || ["TRANSACTION", "ISOLATION", "WORK"].contains(&next)
+                    || w.ends_with(';')
+            }
+            "CREATE" | "DROP" | "ALTER" | "TRUNCATE" => {
+                [
+                    "TABLE",
+                    "FUNCTION",
+                    "INDEX",
+                    "DATABASE",
+                    "SCHEMA",
+                    "TRIGGER",
+                    "ROLE",
+                    "EXTENSION",
+                ]
+                .contains(&next)
+                    || *w == "TRUNCATE" && ident(next)
+            }
+            "SET" => {
+                k == 0
+                    && (words.get(k + 2) == Some(&"=")
+                        || ["LOCAL", "SESSION", "ROLE"].contains(&next))
+            }
+            _ => false,
+        };
+        if hit && upper(w) {
+            return Some(match *w {
+                "SELECT" => "SELECT",
+                "INSERT" => "INSERT INTO",
+                "DELETE" => "DELETE FROM",
+                "UPDATE" => "UPDATE … SET",
+                "LISTEN" => "LISTEN",
+                "UNLISTEN" => "UNLISTEN",
+                "NOTIFY" => "NOTIFY",
+                "BEGIN" => "BEGIN",
+                "COMMIT" => "COMMIT",
+                "ROLLBACK" => "ROLLBACK",
+                "SET" => "SET",
+                _ => "DDL",
+            });
+        }
+    }
+    None
+}
+
+fn report(problems: &[String], what: &str) {
+    assert!(problems.is_empty(), "{what}:\n{}", problems.join("\n"));
+}
+
+/// (a) No SQL text outside `src/queries.rs` (and `sql/`).
+#[test]
+fn sql_lives_in_queries_rs() {
+    let mut problems = Vec::new();
+    for src in sources("src") {
+        if src.rel == "src/queries.rs" {
+            continue;
+        }
+        for line in &src.lines {
+            for lit in &line.literals {
+                if let Some(why) = sql_in(lit) {
+                    problems.push(format!(
+                        "{}:{}: SQL text ({why}) in a string literal: move the statement into src/queries.rs with a doc comment stating its contract\n    {}",
+                        src.rel, line.number, line.text.trim()
+                    ));
+                }
+            }
+        }
+    }
+    report(&problems, "SQL outside src/queries.rs");
+}
+
+/// The scanner itself: what it flags and what it lets through.
+#[test]
+fn sql_detector_knows_statements_from_prose() {
+    for sql in [
+        "SELECT 1",
+        "INSERT INTO outbox.messages (a) VALUES (1)",
+        "DELETE FROM x",
+        "UPDATE outbox.messages SET state = 'dead'",
+        "LISTEN outbox_messages",
+        "SELECT pg_advisory_lock(1)",
+        "BEGIN",
+        "SET jit = off",
+        "select count(*) FROM outbox.messages",
+    ] {
+        assert!(sql_in(sql).is_some(), "{sql} is SQL");
+    }
+    for prose in [
+        "LISTEN connection failed",
+        "LISTEN failed",
+        "cannot begin",
+        "SELECT the channels",
+        "update the row",
+    ] {
+        assert!(sql_in(prose).is_none(), "{prose} is not SQL");
+    }
+}
+
+fn uses(code: &str, path: &str) -> bool {
+    code.match_indices(path).any(|(i, _)| {
+        let before = code[..i].chars().next_back();
+        let after = code[i + path.len()..].chars().next();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+/// (b) Delivery code never touches the database.
+#[test]
+fn delivery_has_no_database_import() {
+    let mut problems = Vec::new();
+    for src in sources("src/deliver") {
+        for line in &src.lines {
+            for path in [
+                "tokio_postgres",
+                "deadpool_postgres",
+                "deadpool",
+                "postgres_types",
+                "crate::queries",
+                "crate::claim",
+                "crate::db",
+            ] {
+                if uses(&line.code, path) {
+                    problems.push(format!("{}:{}: `{path}` in delivery code (it never touches SQL and holds no transaction)\n    {}", src.rel, line.number, line.text.trim()));
+                }
+            }
+        }
+    }
+    report(&problems, "database imports under src/deliver/");
+}
+
+/// (c) No `.unwrap()` / `.expect(` in `src/` outside test modules, except the allow-list.
+#[test]
+fn no_unwrap_outside_tests() {
+    let mut problems = Vec::new();
+    for src in sources("src") {
+        for line in src.lines.iter().filter(|l| !l.test) {
+            if !(line.code.contains(".unwrap()") || line.code.contains(".expect(")) {
+                continue;
+            }
+            let allowed = ALLOWED_UNWRAPS
+                .iter()
+                .any(|(f, text, _)| *f == src.rel && line.text.contains(text));
+            if !allowed {
+                problems.push(format!("{}:{}: `.unwrap()`/`.expect(` outside a test module: handle the error, or, when it provably cannot fail, add an entry to ALLOWED_UNWRAPS in tests/tidy.rs saying why\n    {}", src.rel, line.number, line.text.trim()));
+            }
+        }
+    }
+    report(&problems, "unwrap/expect in src/");
+}
+
+/// (d) A released migration never changes; every migration file is in the released list.
+#[test]
+fn released_migrations_are_immutable() {
+    let dir = root().join("sql");
+    let mut problems = Vec::new();
+    for (name, sum) in RELEASED_MIGRATIONS {
+        match std::fs::read(dir.join(name)) {
+            Ok(text) => {
+                let now = hex::encode(Sha256::digest(&text));
+                if now != *sum {
+                    problems.push(format!("sql/{name}:1: a released migration changed (SHA-256 {now}, released as {sum}): restore it and put the change in a new numbered file"));
+                }
+            }
+            Err(e) => problems.push(format!("sql/{name}:1: a released migration is gone: {e}")),
+        }
+    }
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".sql") && n.as_bytes().first().is_some_and(u8::is_ascii_digit))
+        .collect();
+    files.sort();
+    for f in files {
+        if !RELEASED_MIGRATIONS.iter().any(|(n, _)| *n == f) {
+            let sum = hex::encode(Sha256::digest(std::fs::read(dir.join(&f)).unwrap()));
+            problems.push(format!("sql/{f}:1: a migration not in RELEASED_MIGRATIONS of tests/tidy.rs: add (\"{f}\", \"{sum}\") there"));
+        }
+    }
+    report(&problems, "migrations");
+}
+
+/// (e) The import direction: vocabulary (model) → channels (deliver) → worker → cli.
+#[test]
+fn imports_point_one_way() {
+    let mut problems = Vec::new();
+    for line in &scan(&std::fs::read_to_string(root().join("src/model.rs")).unwrap()) {
+        if uses(&line.code, "crate") || uses(&line.code, "super") {
+            problems.push(format!(
+                "src/model.rs:{}: the vocabulary imports nothing of the crate\n    {}",
+                line.number,
+                line.text.trim()
+            ));
+        }
+    }
+    let mut tolerated = Vec::new();
+    for src in sources("src/deliver") {
+        for line in &src.lines {
+            for path in [
+                "crate::worker",
+                "crate::cli",
+                "crate::config",
+                "crate::main",
+            ] {
+                if !uses(&line.code, path) {
+                    continue;
+                }
+                let known = path == "crate::config"
+                    && KNOWN_CONFIG_IMPORTS_IN_DELIVER
+                        .iter()
+                        .any(|(f, t)| *f == src.rel && line.text.contains(t));
+                let msg = format!(
+                    "{}:{}: `{path}` in delivery code (deliver sits below the worker, the cli and the config)\n    {}",
+                    src.rel,
+                    line.number,
+                    line.text.trim()
+                );
+                if known {
+                    tolerated.push(msg);
+                } else {
+                    problems.push(msg);
+                }
+            }
+        }
+    }
+    if !tolerated.is_empty() {
+        eprintln!(
+            "tidy: tolerated (KNOWN_CONFIG_IMPORTS_IN_DELIVER, to be emptied):\n{}",
+            tolerated.join("\n")
+        );
+    }
+    if tolerated.len() < KNOWN_CONFIG_IMPORTS_IN_DELIVER.len() {
+        eprintln!(
+            "tidy: some KNOWN_CONFIG_IMPORTS_IN_DELIVER entries no longer match: remove them from tests/tidy.rs"
+        );
+    }
+    report(&problems, "import direction");
+}
