@@ -129,15 +129,6 @@ impl Deliverers {
             },
         }
     }
-
-    /// Sends one message on its channel: [`Deliverers::ready`], then [`Ready::send`].
-    pub async fn deliver(
-        &self,
-        channel: Channel,
-        msg: Outgoing<'_>,
-    ) -> Result<Delivered, DeliveryError> {
-        self.ready(channel).await.send(msg).await
-    }
 }
 
 /// A channel ready to start one attempt now.
@@ -151,15 +142,6 @@ pub enum Ready<'a> {
 }
 
 impl Ready<'_> {
-    /// The longest the attempt [`Ready::send`] starts can take.
-    pub fn timeout(&self) -> Duration {
-        match self {
-            Ready::Webhook(sender) => sender.timeout(),
-            Ready::Email(sender, _) => sender.timeout(),
-            Ready::Refused(_) => Duration::ZERO,
-        }
-    }
-
     /// Makes the attempt; its timeout starts now.
     pub async fn send(self, msg: Outgoing<'_>) -> Result<Delivered, DeliveryError> {
         match self {

@@ -76,10 +76,9 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at
         r = shared.deliverers.ready(msg.channel) => r,
         _ = shared.stopping.cancelled() => return Done::Released(msg.id, msg.lease_token),
     };
-    if !shared
-        .cfg
-        .attempt_fits(claimed_at.elapsed(), ready.timeout())
-    {
+    // An unconfigured channel has no timeout: its attempt fails at once, without a call.
+    let timeout = shared.deliverers.timeout(msg.channel).unwrap_or_default();
+    if !shared.cfg.attempt_fits(claimed_at.elapsed(), timeout) {
         tracing::debug!(
             message_id = msg.id,
             waited_ms = claimed_at.elapsed().as_millis() as u64,

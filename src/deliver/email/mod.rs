@@ -12,7 +12,7 @@
 //! so a lost connection at MAIL FROM (nothing was sent: safe to retry) and a lost
 //! connection while waiting for the reply to the end of DATA (the relay may have queued
 //! the message: retrying may send it twice) come back as the same error. We use lettre's
-//! [`AsyncSmtpConnection`] and issue each command ourselves, recording the phase as we
+//! `AsyncSmtpConnection` and issue each command ourselves, recording the phase as we
 //! go, so every failure is classed by where it happened:
 //!
 //! | phase | a reply 4xx | a reply 5xx | connection lost or timed out |
