@@ -40,6 +40,12 @@ pub struct Claimed {
     pub retry_ambiguous: bool,
     /// The lease token every later write must present.
     pub lease_token: Uuid,
+    /// The row's `error_class` when it was claimed: how the previous attempt ended
+    /// (`ambiguous` after a timeout or an expired lease), `None` for a first attempt or
+    /// after a replay.
+    pub previous_class: Option<ErrorClass>,
+    /// The payload names a reconciliation lookup (a webhook's `reconcile.url`).
+    pub reconcile: bool,
 }
 
 /// A row picked by the claim whose previous lease had expired and that may not be sent
@@ -168,6 +174,10 @@ fn claim_batch(rows: Vec<tokio_postgres::Row>) -> ClaimBatch {
             max_attempts: row.get("max_attempts"),
             retry_ambiguous: row.get("retry_ambiguous"),
             lease_token: row.get("lease_token"),
+            previous_class: row
+                .get::<_, Option<&str>>("previous_class")
+                .and_then(ErrorClass::parse),
+            reconcile: row.get("reconcile"),
         });
     }
     batch

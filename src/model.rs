@@ -96,17 +96,21 @@ pub enum AttemptOutcome {
     Released,
     /// An operator moved a dead message back to pending.
     Replayed,
+    /// A reconciliation lookup found that an earlier, ambiguous attempt took effect: the
+    /// message is delivered without being sent again.
+    Reconciled,
 }
 
 impl AttemptOutcome {
     /// Every outcome.
-    pub const ALL: [AttemptOutcome; 6] = [
+    pub const ALL: [AttemptOutcome; 7] = [
         AttemptOutcome::Delivered,
         AttemptOutcome::Retry,
         AttemptOutcome::Dead,
         AttemptOutcome::LeaseLost,
         AttemptOutcome::Released,
         AttemptOutcome::Replayed,
+        AttemptOutcome::Reconciled,
     ];
 
     /// The text stored in the database.
@@ -118,6 +122,7 @@ impl AttemptOutcome {
             AttemptOutcome::LeaseLost => "lease_lost",
             AttemptOutcome::Released => "released",
             AttemptOutcome::Replayed => "replayed",
+            AttemptOutcome::Reconciled => "reconciled",
         }
     }
 

@@ -40,8 +40,11 @@ pub const HEALTH_CHECK: &str = "SELECT 1";
 /// `ambiguous`, returned with `action = 'gave_up'`) instead of being sent once more.
 ///
 /// Returns one row per picked message: `id, message_key, channel, payload (text), attempts
-/// (the number of this attempt), max_attempts, retry_ambiguous, lease_token, action` where
-/// action is `run` or `gave_up`.
+/// (the number of this attempt), max_attempts, retry_ambiguous, lease_token, action,
+/// previous_class, reconcile` where action is `run` or `gave_up`, `previous_class` is the
+/// row's `error_class` as the claim leaves it (how the previous attempt ended: `ambiguous`
+/// after an expired lease) and `reconcile` says the payload names a lookup (a webhook's
+/// `reconcile.url`, a string).
 ///
 /// Shape: the picked ids reach the `UPDATE` as an array (`id = ANY(ARRAY(...))`), so it is
 /// an index scan on the primary key whatever the table holds. (Joining the `UPDATE` to a
@@ -110,7 +113,11 @@ UPDATE outbox.messages m SET
 WHERE m.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts,
           m.max_attempts, m.retry_ambiguous, m.lease_token,
-          CASE WHEN m.state = 'dead' THEN 'gave_up' ELSE 'run' END AS action
+          CASE WHEN m.state = 'dead' THEN 'gave_up' ELSE 'run' END AS action,
+          m.error_class AS previous_class,
+          (m.channel = 'webhook'
+           AND jsonb_typeof(m.payload -> 'reconcile' -> 'url') IS NOT DISTINCT FROM 'string')
+              AS reconcile
 "#;
 
 /// Complete: record the end of many attempts in one statement, each fenced by its lease.

@@ -641,6 +641,7 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
                     attempt: attempts,
                     max_attempts,
                     retry_ambiguous,
+                    reconcile: false,
                 };
                 let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
                 let got: String = client
@@ -692,6 +693,7 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             attempt: *attempts,
             max_attempts: *max_attempts,
             retry_ambiguous: *retry_ambiguous,
+            reconcile: false,
         };
         let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
         match want {
