@@ -143,12 +143,25 @@ async fn the_application_role_can_enqueue_and_nothing_else() {
         let err = c.batch_execute(sql).await.expect_err(sql);
         assert!(denied(&err), "{sql}: {err}");
     }
-    // A plain INSERT may not set the state or the lease.
+    // A plain INSERT may not set the lease, nor any state but pending or held (since
+    // sql/0009 the role may insert `state`, for held rows; the insert trigger refuses the rest).
     let err = c
-        .batch_execute("INSERT INTO outbox.messages (message_key, channel, payload, state) VALUES ('x', 'webhook', '{\"url\": \"u\"}', 'delivered')")
+        .batch_execute("INSERT INTO outbox.messages (message_key, channel, payload, lease_owner) VALUES ('x', 'webhook', '{\"url\": \"u\"}', 'w')")
         .await
         .unwrap_err();
     assert!(denied(&err), "{err}");
+    for state in ["delivered", "dead", "running", "cancelled"] {
+        let err = c
+            .execute(
+                "INSERT INTO outbox.messages (message_key, channel, payload, state) VALUES ('x', 'webhook', '{\"url\": \"u\"}', $1)",
+                &[&state],
+            )
+            .await
+            .unwrap_err();
+        let db = err.as_db_error().expect("a database error");
+        assert_eq!(db.code().code(), "22023", "{state}: {err}");
+        assert_eq!(db.column(), Some("state"), "{state}: {err}");
+    }
     let states: i64 = db
         .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'pending'")
         .await;
