@@ -35,8 +35,9 @@ pub const HEALTH_CHECK: &str = "SELECT 1";
 ///
 /// An expired lease means the previous attempt's outcome is unknown: it is recorded as
 /// `lease_lost` (class `ambiguous`) in the history, and if `outbox.on_lease_expiry` (the one
-/// SQL statement of `decide`'s ambiguous rule, `sql/0008`) says `dead` (the message does not
-/// allow ambiguous retries or has no attempt left), it is dead-lettered here (`dead`, class
+/// SQL statement of `decide`'s ambiguous rule, `sql/0008`, with the reconcile fact since
+/// `sql/0010`) says `dead` (the message neither allows ambiguous retries nor names a lookup,
+/// or has no attempt left), it is dead-lettered here (`dead`, class
 /// `ambiguous`, returned with `action = 'gave_up'`) instead of being sent once more.
 ///
 /// Returns one row per picked message: `id, message_key, channel, payload (text), attempts
@@ -79,7 +80,8 @@ WITH expired AS (
     INSERT INTO outbox.attempts
         (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
     SELECT m.id, m.attempts, m.lease_owner, m.updated_at, now(),
-           CASE WHEN outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
+           CASE WHEN outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
+                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
                 THEN 'dead' ELSE 'lease_lost' END,
            'ambiguous', 'lease expired while running: the attempt may have taken effect'
     FROM outbox.messages m
@@ -88,26 +90,32 @@ WITH expired AS (
 )
 UPDATE outbox.messages m SET
     state            = CASE WHEN m.state = 'running'
-                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
+                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
+                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
                             THEN 'dead' ELSE 'running' END,
     attempts         = CASE WHEN m.state = 'running'
-                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
+                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
+                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
                             THEN m.attempts ELSE m.attempts + 1 END,
     lease_owner      = CASE WHEN m.state = 'running'
-                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
+                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
+                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
                             THEN NULL ELSE $3::text END,
     lease_token      = CASE WHEN m.state = 'running'
-                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
+                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
+                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
                             THEN NULL ELSE gen_random_uuid() END,
     lease_expires_at = CASE WHEN m.state = 'running'
-                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
+                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
+                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
                             THEN NULL ELSE now() + make_interval(secs => $4::float8) END,
     error_class      = CASE WHEN m.state = 'running' THEN 'ambiguous' ELSE m.error_class END,
     last_error       = CASE WHEN m.state = 'running'
                             THEN 'lease expired while running: the attempt may have taken effect'
                             ELSE m.last_error END,
     dead_at          = CASE WHEN m.state = 'running'
-                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
+                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
+                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
                             THEN now() END,
     updated_at       = now()
 WHERE m.id = ANY(ARRAY(SELECT id FROM picked))
@@ -115,9 +123,7 @@ RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts
           m.max_attempts, m.retry_ambiguous, m.lease_token,
           CASE WHEN m.state = 'dead' THEN 'gave_up' ELSE 'run' END AS action,
           m.error_class AS previous_class,
-          (m.channel = 'webhook'
-           AND jsonb_typeof(m.payload -> 'reconcile' -> 'url') IS NOT DISTINCT FROM 'string')
-              AS reconcile
+          outbox.reconcilable(m.channel, m.payload) AS reconcile
 "#;
 
 /// Complete: record the end of many attempts in one statement, each fenced by its lease.

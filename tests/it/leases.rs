@@ -659,15 +659,52 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             }
         }
     }
-    // And the claim writes what the rule says, for each kind of expired row.
-    let cases = [(true, 1, 3), (false, 1, 3), (true, 3, 3), (true, 2, 3)];
-    for (i, (retry_ambiguous, attempts, max_attempts)) in cases.iter().enumerate() {
+    // The overload with the reconcile fact (sql/0010), which the claim asks.
+    for retry_ambiguous in [false, true] {
+        for reconcile in [false, true] {
+            for max_attempts in 1..=4 {
+                for attempts in 1..=max_attempts + 1 {
+                    let budget = Budget {
+                        attempt: attempts,
+                        max_attempts,
+                        retry_ambiguous,
+                        reconcile,
+                    };
+                    let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
+                    let got: String = client
+                        .query_one(
+                            "SELECT outbox.on_lease_expiry($1, $2, $3, $4)",
+                            &[&retry_ambiguous, &attempts, &max_attempts, &reconcile],
+                        )
+                        .await
+                        .unwrap()
+                        .get(0);
+                    assert_eq!(got, want.next_state().as_str(), "{budget:?}");
+                }
+            }
+        }
+    }
+    // And the claim writes what the rule says, for each kind of expired row, and tells the
+    // worker the previous attempt was ambiguous and whether the payload names a lookup.
+    let plain = r#"{"url": "https://example.com/"}"#;
+    let reconciling =
+        r#"{"url": "https://example.com/", "reconcile": {"url": "https://example.com/l"}}"#;
+    let cases = [
+        (true, 1, 3, plain),
+        (false, 1, 3, plain),
+        (true, 3, 3, plain),
+        (true, 2, 3, plain),
+        (false, 1, 3, reconciling),
+        (false, 3, 3, reconciling),
+        (true, 2, 3, reconciling),
+    ];
+    for (i, (retry_ambiguous, attempts, max_attempts, payload)) in cases.iter().enumerate() {
         let key = format!("expiry-{i}");
         client
             .execute(
                 "INSERT INTO outbox.messages (message_key, channel, payload, max_attempts, retry_ambiguous)
-                 VALUES ($1, 'webhook', '{\"url\": \"https://example.com/\"}', $2, $3)",
-                &[&key, max_attempts, retry_ambiguous],
+                 VALUES ($1, 'webhook', $4::text::jsonb, $2, $3)",
+                &[&key, max_attempts, retry_ambiguous, payload],
             )
             .await
             .unwrap();
@@ -693,7 +730,7 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             attempt: *attempts,
             max_attempts: *max_attempts,
             retry_ambiguous: *retry_ambiguous,
-            reconcile: false,
+            reconcile: *payload == reconciling,
         };
         let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
         match want {
@@ -704,6 +741,12 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             _ => {
                 assert_eq!(batch.claimed.len(), 1, "{budget:?}");
                 assert_eq!(batch.claimed[0].attempt, attempts + 1, "{budget:?}");
+                assert_eq!(
+                    batch.claimed[0].previous_class,
+                    Some(ErrorClass::Ambiguous),
+                    "{budget:?}"
+                );
+                assert_eq!(batch.claimed[0].reconcile, budget.reconcile, "{budget:?}");
                 client
                     .execute("UPDATE outbox.messages SET state = 'delivered', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, delivered_at = now() WHERE message_key = $1", &[&key])
                     .await
