@@ -19,6 +19,7 @@ use crate::model::AttemptOutcome;
 use crate::model::Channel;
 use crate::model::ErrorClass;
 use crate::queries;
+use crate::retry::RetryPolicy;
 use crate::state::Transition;
 
 /// A message claimed by this worker for one attempt.
@@ -40,11 +41,11 @@ pub struct Claimed {
     pub retry_ambiguous: bool,
     /// The lease token every later write must present.
     pub lease_token: Uuid,
-    /// The row's `error_class` when it was claimed: how the previous attempt ended
-    /// (`ambiguous` after a timeout or an expired lease), `None` for a first attempt or
-    /// after a replay.
+    /// The class the previous attempt left on the row (`ambiguous` after a timeout, a lost
+    /// connection or an expired lease), `None` before the first attempt or after a replay.
     pub previous_class: Option<ErrorClass>,
-    /// The payload names a reconciliation lookup (a webhook's `reconcile.url`).
+    /// The payload names a reconciliation lookup (a webhook's `reconcile.url`,
+    /// `outbox.reconcilable`): after an ambiguous attempt the next one asks first.
     pub reconcile: bool,
 }
 
@@ -64,6 +65,24 @@ pub struct GaveUp {
     pub max_attempts: i32,
 }
 
+/// A row picked by the claim whose previous lease had expired and that may be sent again:
+/// it went back to `pending`, due after the retry backoff.
+#[derive(Debug, Clone)]
+pub struct Deferred {
+    /// The message id.
+    pub id: i64,
+    /// The message key.
+    pub key: String,
+    /// Its channel.
+    pub channel: Channel,
+    /// The attempt whose lease expired.
+    pub attempt: i32,
+    /// The whole attempt budget.
+    pub max_attempts: i32,
+    /// How long until it is due again.
+    pub retry_in: Duration,
+}
+
 /// What one claim statement returned.
 #[derive(Debug, Default)]
 pub struct ClaimBatch {
@@ -71,20 +90,31 @@ pub struct ClaimBatch {
     pub claimed: Vec<Claimed>,
     /// Messages dead-lettered because their lease expired with no retry allowed.
     pub gave_up: Vec<GaveUp>,
+    /// Messages whose lease expired, back to `pending` after the retry backoff.
+    pub deferred: Vec<Deferred>,
 }
 
 /// The parameter types of [`queries::CLAIM`].
-const CLAIM_TYPES: [Type; 4] = [Type::TEXT_ARRAY, Type::INT8, Type::TEXT, Type::FLOAT8];
+const CLAIM_TYPES: [Type; 6] = [
+    Type::TEXT_ARRAY,
+    Type::INT8,
+    Type::TEXT,
+    Type::FLOAT8,
+    Type::FLOAT8_ARRAY,
+    Type::FLOAT8,
+];
 
-/// Claims up to `limit` due messages of `channels` for `worker`, leased for `lease`.
+/// Claims up to `limit` due messages of `channels` for `worker`, leased for `lease`, and
+/// settles up to `limit` expired leases by `retry`'s schedule.
 pub async fn claim<C: GenericClient>(
     client: &C,
     channels: &[Channel],
     limit: usize,
     worker: &str,
     lease: Duration,
+    retry: &RetryPolicy,
 ) -> Result<ClaimBatch, tokio_postgres::Error> {
-    let args = ClaimArgs::new(channels, limit, lease);
+    let args = ClaimArgs::new(channels, limit, lease, retry);
     let params = args.params(&worker);
     let typed: Vec<(&(dyn ToSql + Sync), Type)> = params.iter().copied().zip(CLAIM_TYPES).collect();
     let rows = client.query_typed(queries::CLAIM, &typed).await?;
@@ -99,8 +129,9 @@ pub async fn claim_cached(
     limit: usize,
     worker: &str,
     lease: Duration,
+    retry: &RetryPolicy,
 ) -> Result<ClaimBatch, tokio_postgres::Error> {
-    let args = ClaimArgs::new(channels, limit, lease);
+    let args = ClaimArgs::new(channels, limit, lease, retry);
     let params = args.params(&worker);
     let rows = cached(client, queries::CLAIM, &CLAIM_TYPES, &params).await?;
     Ok(claim_batch(rows))
@@ -130,19 +161,30 @@ struct ClaimArgs<'a> {
     channels: Vec<&'a str>,
     limit: i64,
     lease_secs: f64,
+    schedule: Vec<f64>,
+    jitter: f64,
 }
 
 impl<'a> ClaimArgs<'a> {
-    fn new(channels: &'a [Channel], limit: usize, lease: Duration) -> Self {
+    fn new(channels: &'a [Channel], limit: usize, lease: Duration, retry: &RetryPolicy) -> Self {
         ClaimArgs {
             channels: channels.iter().map(|c| c.as_str()).collect(),
             limit: i64::try_from(limit).unwrap_or(i64::MAX),
             lease_secs: lease.as_secs_f64(),
+            schedule: retry.schedule(),
+            jitter: RetryPolicy::JITTER,
         }
     }
 
-    fn params<'b>(&'b self, worker: &'b &str) -> [&'b (dyn ToSql + Sync); 4] {
-        [&self.channels, &self.limit, worker, &self.lease_secs]
+    fn params<'b>(&'b self, worker: &'b &str) -> [&'b (dyn ToSql + Sync); 6] {
+        [
+            &self.channels,
+            &self.limit,
+            worker,
+            &self.lease_secs,
+            &self.schedule,
+            &self.jitter,
+        ]
     }
 }
 
@@ -155,16 +197,32 @@ fn claim_batch(rows: Vec<tokio_postgres::Row>) -> ClaimBatch {
             continue;
         };
         let action: &str = row.get("action");
-        if action == "gave_up" {
-            batch.gave_up.push(GaveUp {
-                id: row.get("id"),
-                key: row.get("message_key"),
-                channel,
-                attempt: row.get("attempts"),
-                max_attempts: row.get("max_attempts"),
-            });
-            continue;
+        match action {
+            "gave_up" => {
+                batch.gave_up.push(GaveUp {
+                    id: row.get("id"),
+                    key: row.get("message_key"),
+                    channel,
+                    attempt: row.get("attempts"),
+                    max_attempts: row.get("max_attempts"),
+                });
+                continue;
+            }
+            "deferred" => {
+                let secs: f64 = row.get("retry_in");
+                batch.deferred.push(Deferred {
+                    id: row.get("id"),
+                    key: row.get("message_key"),
+                    channel,
+                    attempt: row.get("attempts"),
+                    max_attempts: row.get("max_attempts"),
+                    retry_in: Duration::try_from_secs_f64(secs).unwrap_or_default(),
+                });
+                continue;
+            }
+            _ => {}
         }
+        let previous_class: Option<&str> = row.get("error_class");
         batch.claimed.push(Claimed {
             id: row.get("id"),
             key: row.get("message_key"),
@@ -174,9 +232,7 @@ fn claim_batch(rows: Vec<tokio_postgres::Row>) -> ClaimBatch {
             max_attempts: row.get("max_attempts"),
             retry_ambiguous: row.get("retry_ambiguous"),
             lease_token: row.get("lease_token"),
-            previous_class: row
-                .get::<_, Option<&str>>("previous_class")
-                .and_then(ErrorClass::parse),
+            previous_class: previous_class.and_then(ErrorClass::parse),
             reconcile: row.get("reconcile"),
         });
     }

@@ -42,10 +42,10 @@ pub fn attempt(channel: Channel, outcome: AttemptOutcome, duration: Duration) {
         .record(duration.as_secs_f64());
 }
 
-/// Records a message the claim dead-lettered (its lease expired and no retry was allowed):
-/// an attempt outcome with no delivery duration of its own.
-pub fn gave_up(channel: Channel) {
-    metrics::counter!(DELIVERIES_TOTAL, "channel" => channel.as_str(), "outcome" => AttemptOutcome::Dead.as_str())
+/// Records an attempt whose lease expired, as the claim settled it (`dead`, or
+/// `lease_lost` when it is retried later): an outcome with no delivery duration of its own.
+pub fn expired(channel: Channel, outcome: AttemptOutcome) {
+    metrics::counter!(DELIVERIES_TOTAL, "channel" => channel.as_str(), "outcome" => outcome.as_str())
         .increment(1);
 }
 

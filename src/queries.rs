@@ -24,106 +24,110 @@ pub const SESSION_SETUP: &str = "SET jit = off";
 pub const HEALTH_CHECK: &str = "SELECT 1";
 
 /// Claim: lease up to `$2` due messages of the channels `$1` for worker `$3`, for `$4`
-/// seconds, in one short committed statement.
+/// seconds, in one short committed statement; and settle up to `$2` expired leases.
 ///
-/// Candidates are `pending` rows whose `run_after` has passed, and `running` rows whose lease
-/// expired (their worker died or stalled), in `run_after, id` order across both. `FOR UPDATE SKIP LOCKED` lets
-/// any number of workers claim concurrently without ever returning one row twice.
+/// Candidates are `pending` rows whose `run_after` has passed, in `run_after, id` order.
+/// `FOR UPDATE SKIP LOCKED` lets any number of workers claim concurrently without ever
+/// returning one row twice. A claimed row becomes `running` with `attempts + 1` and a fresh
+/// random lease token; every later write about this attempt must present that token (see
+/// [`COMPLETE`]).
 ///
-/// A claimed row becomes `running` with `attempts + 1` and a fresh random lease token; every
-/// later write about this attempt must present that token (see [`COMPLETE`]).
+/// A `running` row whose lease expired (its worker died or stalled) is an attempt whose
+/// outcome is unknown: an ambiguous failure, recorded as such in the history, and settled by
+/// `decide`'s rule for one, which `outbox.on_lease_expiry` states (`sql/0008`; since
+/// `sql/0010` with the fact `outbox.reconcilable`, whether the payload names a lookup):
+/// * `dead` (the message neither allows ambiguous retries nor names a lookup, or that was
+///   its last attempt):
+///   dead-lettered here, class `ambiguous`, history outcome `dead`, returned with
+///   `action = 'gave_up'`;
+/// * `pending`: it waits the retry backoff `decide` would have applied, counted from the
+///   moment the lease ran out (`$5`, the schedule's delays in seconds by attempt number,
+///   its last element repeated beyond; `$6`, the share the jitter may take off: both from
+///   [`crate::retry::RetryPolicy`]), history outcome `lease_lost`, returned with
+///   `action = 'deferred'`. A later claim sends it again, under a fresh lease. (Re-sending
+///   at once, as before, hammered a receiver that was slow enough to outlast a lease.)
 ///
-/// An expired lease means the previous attempt's outcome is unknown: it is recorded as
-/// `lease_lost` (class `ambiguous`) in the history, and if `outbox.on_lease_expiry` (the one
-/// SQL statement of `decide`'s ambiguous rule, `sql/0008`, with the reconcile fact since
-/// `sql/0010`) says `dead` (the message neither allows ambiguous retries nor names a lookup,
-/// or has no attempt left), it is dead-lettered here (`dead`, class
-/// `ambiguous`, returned with `action = 'gave_up'`) instead of being sent once more.
+/// Returns one row per claimed or settled message: `id, message_key, channel, attempts (the
+/// number of this attempt, or of the one whose lease expired), max_attempts, action (`run`,
+/// `gave_up`, `deferred`)`, and for `run` rows `payload` (text), `retry_ambiguous`,
+/// `lease_token`, `error_class` (the class the previous attempt left, as the row holds
+/// it) and `reconcile` (the payload names a lookup: the attempt after an ambiguous one asks
+/// first); for `deferred` rows `retry_in` (seconds).
 ///
-/// Returns one row per picked message: `id, message_key, channel, payload (text), attempts
-/// (the number of this attempt), max_attempts, retry_ambiguous, lease_token, action,
-/// previous_class, reconcile` where action is `run` or `gave_up`, `previous_class` is the
-/// row's `error_class` as the claim leaves it (how the previous attempt ended: `ambiguous`
-/// after an expired lease) and `reconcile` says the payload names a lookup (a webhook's
-/// `reconcile.url`, a string).
-///
-/// Shape: the picked ids reach the `UPDATE` as an array (`id = ANY(ARRAY(...))`), so it is
-/// an index scan on the primary key whatever the table holds. (Joining the `UPDATE` to a
-/// CTE of picked rows let the planner choose a hash join over a sequential scan of the
-/// whole table: a claim then cost time proportional to every row ever kept.) The
-/// `CASE` arms read the row as locked, before the update: `state = 'running'` there means
-/// the lease had expired.
+/// Shape: ids reach each `UPDATE` as an array (`id = ANY(ARRAY(...))`), so it is an index
+/// scan on the primary key whatever the table holds. (Joining an `UPDATE` to a CTE of
+/// picked rows let the planner choose a hash join over a sequential scan of the whole
+/// table: a claim then cost time proportional to every row ever kept.) The two settling
+/// `UPDATE`s take disjoint rows (one asks the rule for `dead`, the other for `pending`), and
+/// the history insert reads the expired rows as they were locked (lease owner, start).
 pub const CLAIM: &str = r#"
 WITH expired AS (
-    SELECT id, run_after FROM outbox.messages
+    SELECT id, lease_owner, updated_at FROM outbox.messages
     WHERE state = 'running' AND lease_expires_at <= now() AND channel = ANY($1::text[])
     ORDER BY run_after, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+), given_up AS (
+    UPDATE outbox.messages m SET
+        state = 'dead', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        error_class = 'ambiguous',
+        last_error = 'lease expired while running: the attempt may have taken effect',
+        dead_at = now(), updated_at = now()
+    WHERE m.id = ANY(ARRAY(SELECT id FROM expired))
+      AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
+                                 outbox.reconcilable(m.channel, m.payload)) = 'dead'
+    RETURNING m.id, m.message_key, m.channel, m.attempts, m.max_attempts
+), deferred AS (
+    UPDATE outbox.messages m SET
+        state = 'pending', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        run_after = m.lease_expires_at + make_interval(secs =>
+            ($5::float8[])[least(greatest(m.attempts, 1), cardinality($5::float8[]))]
+            * (1 - $6::float8 * random())),
+        error_class = 'ambiguous',
+        last_error = 'lease expired while running: the attempt may have taken effect',
+        updated_at = now()
+    WHERE m.id = ANY(ARRAY(SELECT id FROM expired))
+      AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
+                                 outbox.reconcilable(m.channel, m.payload)) = 'pending'
+    RETURNING m.id, m.message_key, m.channel, m.attempts, m.max_attempts,
+              greatest(extract(epoch FROM m.run_after - now()), 0)::float8 AS retry_in
+), lost AS (
+    INSERT INTO outbox.attempts
+        (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
+    SELECT s.id, s.attempts, e.lease_owner, e.updated_at, now(), s.outcome,
+           'ambiguous', 'lease expired while running: the attempt may have taken effect'
+    FROM (SELECT id, attempts, 'dead' AS outcome FROM given_up
+          UNION ALL
+          SELECT id, attempts, 'lease_lost' FROM deferred) s
+    JOIN expired e ON e.id = s.id
 ), due AS (
-    SELECT id, run_after FROM outbox.messages
+    SELECT id FROM outbox.messages
     WHERE state = 'pending' AND run_after <= now() AND channel = ANY($1::text[])
     ORDER BY run_after, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-), picked AS (
-    -- The contract's order over both kinds of candidate. Rows locked above but not picked
-    -- are untouched, and their locks end with this statement.
-    SELECT id FROM (
-        SELECT id, run_after, true AS e FROM expired
-        UNION ALL
-        SELECT id, run_after, false FROM due
-    ) c
-    ORDER BY run_after, id
-    LIMIT $2
-), lost AS (
-    INSERT INTO outbox.attempts
-        (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
-    SELECT m.id, m.attempts, m.lease_owner, m.updated_at, now(),
-           CASE WHEN outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
-                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
-                THEN 'dead' ELSE 'lease_lost' END,
-           'ambiguous', 'lease expired while running: the attempt may have taken effect'
-    FROM outbox.messages m
-    WHERE m.id = ANY(ARRAY(SELECT id FROM expired))
-      AND m.id = ANY(ARRAY(SELECT id FROM picked))
+), claimed AS (
+    UPDATE outbox.messages m SET
+        state = 'running', attempts = m.attempts + 1, lease_owner = $3::text,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => $4::float8),
+        updated_at = now()
+    WHERE m.id = ANY(ARRAY(SELECT id FROM due))
+    RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts,
+              m.max_attempts, m.retry_ambiguous, m.lease_token, m.error_class,
+              outbox.reconcilable(m.channel, m.payload) AS reconcile
 )
-UPDATE outbox.messages m SET
-    state            = CASE WHEN m.state = 'running'
-                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
-                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
-                            THEN 'dead' ELSE 'running' END,
-    attempts         = CASE WHEN m.state = 'running'
-                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
-                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
-                            THEN m.attempts ELSE m.attempts + 1 END,
-    lease_owner      = CASE WHEN m.state = 'running'
-                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
-                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
-                            THEN NULL ELSE $3::text END,
-    lease_token      = CASE WHEN m.state = 'running'
-                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
-                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
-                            THEN NULL ELSE gen_random_uuid() END,
-    lease_expires_at = CASE WHEN m.state = 'running'
-                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
-                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
-                            THEN NULL ELSE now() + make_interval(secs => $4::float8) END,
-    error_class      = CASE WHEN m.state = 'running' THEN 'ambiguous' ELSE m.error_class END,
-    last_error       = CASE WHEN m.state = 'running'
-                            THEN 'lease expired while running: the attempt may have taken effect'
-                            ELSE m.last_error END,
-    dead_at          = CASE WHEN m.state = 'running'
-                                 AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
-                                                       outbox.reconcilable(m.channel, m.payload)) = 'dead'
-                            THEN now() END,
-    updated_at       = now()
-WHERE m.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts,
-          m.max_attempts, m.retry_ambiguous, m.lease_token,
-          CASE WHEN m.state = 'dead' THEN 'gave_up' ELSE 'run' END AS action,
-          m.error_class AS previous_class,
-          outbox.reconcilable(m.channel, m.payload) AS reconcile
+SELECT id, message_key, channel, payload, attempts, max_attempts, retry_ambiguous,
+       lease_token, error_class, reconcile, NULL::float8 AS retry_in, 'run' AS action
+FROM claimed
+UNION ALL
+SELECT id, message_key, channel, NULL, attempts, max_attempts, NULL, NULL, 'ambiguous',
+       NULL, NULL, 'gave_up'
+FROM given_up
+UNION ALL
+SELECT id, message_key, channel, NULL, attempts, max_attempts, NULL, NULL, 'ambiguous',
+       NULL, retry_in, 'deferred'
+FROM deferred
 "#;
 
 /// Complete: record the end of many attempts in one statement, each fenced by its lease.

@@ -18,6 +18,7 @@ use super::attempt::{Done, spawn_attempt};
 use super::db_call::{Backoff, bounded, checkout};
 use super::lane::Lane;
 use crate::claim;
+use crate::model::AttemptOutcome;
 use crate::support::lock;
 
 /// The loop's state between rounds.
@@ -159,7 +160,14 @@ impl ClaimLoop {
                 _ = shutdown.as_mut() => return None,
                 r = bounded(async {
                     let client = checkout(&shared.pool).await?;
-                    claim::claim_cached(&client, &lane.channels, want, &cfg.worker_id, cfg.lease)
+                    claim::claim_cached(
+                        &client,
+                        &lane.channels,
+                        want,
+                        &cfg.worker_id,
+                        cfg.lease,
+                        &cfg.retry,
+                    )
                         .await
                         .map_err(|e| crate::db::describe(&e))
                 }) => r,
@@ -172,9 +180,10 @@ impl ClaimLoop {
                 }
             };
             round.claimed_any = true;
-            log_gave_up(shared, &batch.gave_up);
-            // Rows dead-lettered by the claim took places in the batch too.
-            let picked = batch.claimed.len() + batch.gave_up.len();
+            log_expired(shared, &batch.gave_up, &batch.deferred);
+            // Expired leases settled by the claim took places in the batch too: a full
+            // batch, whatever it held, means another round may find more.
+            let picked = batch.claimed.len() + batch.gave_up.len() + batch.deferred.len();
             round.picked += picked;
             free = free.saturating_sub(batch.claimed.len());
             crate::metrics::claim_batch(batch.claimed.len());
@@ -232,8 +241,21 @@ impl ClaimLoop {
     }
 }
 
-/// Logs the rows a claim dead-lettered because their lease had expired.
-fn log_gave_up(shared: &Shared, gave_up: &[claim::GaveUp]) {
+/// Logs the rows whose expired lease a claim settled: dead-lettered, or due again later.
+fn log_expired(shared: &Shared, gave_up: &[claim::GaveUp], deferred: &[claim::Deferred]) {
+    for d in deferred {
+        tracing::warn!(
+            message_id = d.id,
+            key = %crate::text::Escaped(&d.key),
+            channel = %d.channel,
+            attempt = %format_args!("{}/{}", d.attempt, d.max_attempts),
+            outcome = "lease_lost",
+            error_class = "ambiguous",
+            retry_in_ms = d.retry_in.as_millis() as u64,
+            "lease expired while running; the outcome is unknown; retry scheduled"
+        );
+        crate::metrics::expired(d.channel, AttemptOutcome::LeaseLost);
+    }
     for g in gave_up {
         tracing::warn!(
             message_id = g.id,
@@ -244,7 +266,7 @@ fn log_gave_up(shared: &Shared, gave_up: &[claim::GaveUp]) {
             error_class = "ambiguous",
             "lease expired while running and no retry is allowed; dead-lettered"
         );
-        crate::metrics::gave_up(g.channel);
+        crate::metrics::expired(g.channel, AttemptOutcome::Dead);
     }
     if !gave_up.is_empty() {
         lock(&shared.summary).dead += gave_up.len() as u64;

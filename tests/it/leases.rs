@@ -14,9 +14,29 @@ use outboxd::claim::{self, Completion};
 use outboxd::model::AttemptOutcome;
 use outboxd::model::Channel;
 use outboxd::model::ErrorClass;
+use outboxd::retry::RetryPolicy;
 use outboxd::state::Transition;
 
 const WEBHOOK: &[Channel] = &[Channel::Webhook];
+
+/// One claim by `worker` of up to `n` webhooks, leased for `lease`.
+async fn claim_n(
+    c: &tokio_postgres::Client,
+    n: usize,
+    worker: &str,
+    lease: Duration,
+) -> claim::ClaimBatch {
+    claim::claim(c, WEBHOOK, n, worker, lease, &NO_BACKOFF)
+        .await
+        .unwrap()
+}
+
+/// No wait before a message whose lease expired is due again: the claim after the one that
+/// settles the expiry takes it over.
+const NO_BACKOFF: RetryPolicy = RetryPolicy {
+    base: Duration::ZERO,
+    max: Duration::ZERO,
+};
 
 async fn enqueue_n(db: &TestDb, prefix: &str, url: &str, n: usize) {
     let c = db.client().await;
@@ -51,8 +71,8 @@ async fn concurrent_claims_never_return_one_row_twice() {
     enqueue_n(&db, "c", "https://example.com/h", 100).await;
     let (a, b) = (db.client().await, db.client().await);
     let (ra, rb) = tokio::join!(
-        claim::claim(&a, WEBHOOK, 60, "wa", Duration::from_secs(60)),
-        claim::claim(&b, WEBHOOK, 60, "wb", Duration::from_secs(60)),
+        claim::claim(&a, WEBHOOK, 60, "wa", Duration::from_secs(60), &NO_BACKOFF),
+        claim::claim(&b, WEBHOOK, 60, "wb", Duration::from_secs(60), &NO_BACKOFF),
     );
     let (ra, rb) = (ra.unwrap().claimed, rb.unwrap().claimed);
     let mut seen = HashMap::new();
@@ -109,16 +129,17 @@ async fn a_stale_worker_changes_nothing() {
     enqueue_webhook(&db, "stale:1", "https://example.com/h", 3, true).await;
     let c = db.client().await;
     // The stale worker claims with a short lease, then stalls past it.
-    let old = claim::claim(&c, WEBHOOK, 1, "w-stale", Duration::from_millis(300))
+    let old = claim_n(&c, 1, "w-stale", Duration::from_millis(300))
         .await
-        .unwrap()
         .claimed;
     assert_eq!(old.len(), 1);
     wait_for_leases_to_expire(&db).await;
-    // Another worker takes over and delivers.
-    let new = claim::claim(&c, WEBHOOK, 1, "w-new", Duration::from_secs(60))
+    // Another worker's claim settles the expired lease (back to pending, due at once with
+    // no backoff), and its next claim takes the row over and delivers.
+    let settled = claim_n(&c, 1, "w-new", Duration::from_secs(60)).await;
+    assert_eq!((settled.claimed.len(), settled.deferred.len()), (0, 1));
+    let new = claim_n(&c, 1, "w-new", Duration::from_secs(60))
         .await
-        .unwrap()
         .claimed;
     assert_eq!(new.len(), 1);
     assert_eq!(new[0].attempt, 2);
@@ -160,10 +181,7 @@ async fn a_batch_of_completions_is_fenced_row_by_row() {
     let db = TestDb::new().await;
     enqueue_n(&db, "mix", "https://example.com/h", 2).await;
     let c = db.client().await;
-    let claimed = claim::claim(&c, WEBHOOK, 2, "w", Duration::from_secs(60))
-        .await
-        .unwrap()
-        .claimed;
+    let claimed = claim_n(&c, 2, "w", Duration::from_secs(60)).await.claimed;
     let mut forged = completion(&claimed[1], Transition::Delivered);
     forged.lease_token = uuid::Uuid::from_u128(rand::random());
     let outcomes = claim::complete(
@@ -215,9 +233,8 @@ async fn completion_sql_agrees_with_the_state_machine() {
     ];
     enqueue_n(&db, "sm", "https://example.com/h", transitions.len()).await;
     let c = db.client().await;
-    let mut claimed = claim::claim(&c, WEBHOOK, transitions.len(), "w", Duration::from_secs(60))
+    let mut claimed = claim_n(&c, transitions.len(), "w", Duration::from_secs(60))
         .await
-        .unwrap()
         .claimed;
     claimed.sort_by_key(|m| m.id);
     let batch: Vec<Completion> = claimed
@@ -277,9 +294,7 @@ async fn wait_for_leases_to_expire(db: &TestDb) {
 /// Claims with a short lease and lets it expire, as a worker that died would.
 async fn claim_and_abandon(db: &TestDb, n: usize) {
     let c = db.client().await;
-    let got = claim::claim(&c, WEBHOOK, n, "w-dead", Duration::from_millis(200))
-        .await
-        .unwrap();
+    let got = claim_n(&c, n, "w-dead", Duration::from_millis(200)).await;
     assert_eq!(got.claimed.len(), n);
     wait_for_leases_to_expire(db).await;
 }
@@ -410,10 +425,7 @@ async fn release_gives_back_unstarted_rows_without_counting_the_attempt() {
     let db = TestDb::new().await;
     enqueue_n(&db, "rel", "https://example.com/h", 3).await;
     let c = db.client().await;
-    let claimed = claim::claim(&c, WEBHOOK, 3, "w", Duration::from_secs(60))
-        .await
-        .unwrap()
-        .claimed;
+    let claimed = claim_n(&c, 3, "w", Duration::from_secs(60)).await.claimed;
     let rows: Vec<_> = claimed.iter().map(|m| (m.id, m.lease_token)).collect();
     let mut released = claim::release(&c, "w", &rows).await.unwrap();
     released.sort();
@@ -427,10 +439,7 @@ async fn release_gives_back_unstarted_rows_without_counting_the_attempt() {
         vec![(1, "released".to_owned(), None, None, false)]
     );
     // Claimed again, it is attempt 1 again.
-    let again = claim::claim(&c, WEBHOOK, 3, "w", Duration::from_secs(60))
-        .await
-        .unwrap()
-        .claimed;
+    let again = claim_n(&c, 3, "w", Duration::from_secs(60)).await.claimed;
     assert!(again.iter().all(|m| m.attempt == 1));
 }
 
@@ -473,31 +482,28 @@ async fn enqueue_due_ago(db: &TestDb, key: &str, ago: Duration) {
     outboxd::enqueue(&c, &msg).await.unwrap();
 }
 
-/// The contract's claim order, `run_after, id`, holds across pending rows and expired leases.
+/// The contract's claim order, `run_after, id`, holds across pending rows and expired leases:
+/// a row whose lease expired is settled by the first claim that sees it, due again at the
+/// expiry plus the backoff (none here), and then claimed in its place in that order.
 #[tokio::test]
 async fn claims_take_expired_leases_and_due_rows_in_run_after_order() {
     let db = TestDb::new().await;
     let c = db.client().await;
     enqueue_due_ago(&db, "order:expired", Duration::from_secs(3600)).await;
-    let first = claim::claim(&c, WEBHOOK, 1, "w-dead", Duration::from_millis(200))
+    let first = claim_n(&c, 1, "w-dead", Duration::from_millis(200))
         .await
-        .unwrap()
         .claimed;
     assert_eq!(first[0].key, "order:expired");
     enqueue_due_ago(&db, "order:older", Duration::from_secs(7200)).await;
     wait_for_leases_to_expire(&db).await;
-    let next = claim::claim(&c, WEBHOOK, 1, "w2", Duration::from_secs(60))
-        .await
-        .unwrap()
-        .claimed;
+    let next = claim_n(&c, 1, "w2", Duration::from_secs(60)).await;
+    assert_eq!(next.deferred[0].key, "order:expired");
+    let next = next.claimed;
     assert_eq!(
         next[0].key, "order:older",
         "the pending row due earlier comes first"
     );
-    let then = claim::claim(&c, WEBHOOK, 1, "w2", Duration::from_secs(60))
-        .await
-        .unwrap()
-        .claimed;
+    let then = claim_n(&c, 1, "w2", Duration::from_secs(60)).await.claimed;
     assert_eq!(
         (then[0].key.as_str(), then[0].attempt),
         ("order:expired", 2)
@@ -514,15 +520,14 @@ async fn a_stale_and_a_current_completion_in_one_batch() {
     let db = TestDb::new().await;
     enqueue_webhook(&db, "twice:1", "https://example.com/h", 3, true).await;
     let c = db.client().await;
-    let old = claim::claim(&c, WEBHOOK, 1, "w", Duration::from_millis(200))
+    let old = claim_n(&c, 1, "w", Duration::from_millis(200))
         .await
-        .unwrap()
         .claimed;
     wait_for_leases_to_expire(&db).await;
-    let new = claim::claim(&c, WEBHOOK, 1, "w", Duration::from_secs(60))
-        .await
-        .unwrap()
-        .claimed;
+    // The first claim settles the expired lease; the second takes the row over.
+    let settled = claim_n(&c, 1, "w", Duration::from_secs(60)).await;
+    assert_eq!(settled.deferred.len(), 1);
+    let new = claim_n(&c, 1, "w", Duration::from_secs(60)).await.claimed;
     let batch = [
         completion(
             &old[0],
@@ -659,7 +664,8 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             }
         }
     }
-    // The overload with the reconcile fact (sql/0010), which the claim asks.
+    // The overload with the reconcile fact (sql/0010), which the claim asks: a message that
+    // names a lookup goes on to another attempt (which asks first) without retry_ambiguous.
     for retry_ambiguous in [false, true] {
         for reconcile in [false, true] {
             for max_attempts in 1..=4 {
@@ -684,8 +690,9 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             }
         }
     }
-    // And the claim writes what the rule says, for each kind of expired row, and tells the
-    // worker the previous attempt was ambiguous and whether the payload names a lookup.
+    // And the claim writes what the rule says, for each kind of expired row.
+    // A retried one is due at its lease's expiry plus the delay decide gives, within the
+    // jitter (the expiry is pinned to a past instant, so the difference is exact).
     let plain = r#"{"url": "https://example.com/"}"#;
     let reconciling =
         r#"{"url": "https://example.com/", "reconcile": {"url": "https://example.com/l"}}"#;
@@ -694,6 +701,8 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
         (false, 1, 3, plain),
         (true, 3, 3, plain),
         (true, 2, 3, plain),
+        (true, 4, 6, plain),
+        (true, 20, 30, plain),
         (false, 1, 3, reconciling),
         (false, 3, 3, reconciling),
         (true, 2, 3, reconciling),
@@ -711,7 +720,8 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
         client
             .execute(
                 "UPDATE outbox.messages SET state = 'running', attempts = $2, lease_owner = 'gone',
-                        lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second'
+                        lease_token = gen_random_uuid(),
+                        lease_expires_at = timestamptz '2026-01-01 00:00:00+00'
                  WHERE message_key = $1",
                 &[&key, attempts],
             )
@@ -723,6 +733,7 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             10,
             "w2",
             Duration::from_secs(60),
+            &policy,
         )
         .await
         .unwrap();
@@ -738,20 +749,68 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
                 assert_eq!(batch.gave_up.len(), 1, "{budget:?}");
                 assert_eq!(row_state(&db, &key).await, "dead", "{budget:?}");
             }
-            _ => {
-                assert_eq!(batch.claimed.len(), 1, "{budget:?}");
-                assert_eq!(batch.claimed[0].attempt, attempts + 1, "{budget:?}");
-                assert_eq!(
-                    batch.claimed[0].previous_class,
-                    Some(ErrorClass::Ambiguous),
-                    "{budget:?}"
+            Transition::Retry { delay, .. } => {
+                assert_eq!(batch.deferred.len(), 1, "{budget:?}");
+                assert!(batch.claimed.is_empty(), "not sent at once: {budget:?}");
+                let r = client
+                    .query_one(
+                        "SELECT state, attempts,
+                                extract(epoch FROM run_after - timestamptz '2026-01-01 00:00:00+00')::float8
+                         FROM outbox.messages WHERE message_key = $1",
+                        &[&key],
+                    )
+                    .await
+                    .unwrap();
+                let (state, n, waited): (String, i32, f64) = (r.get(0), r.get(1), r.get(2));
+                assert_eq!((state.as_str(), n), ("pending", *attempts), "{budget:?}");
+                let shortest = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 1.0);
+                let Transition::Retry { delay: low, .. } = shortest else {
+                    panic!("{shortest:?}");
+                };
+                assert!(
+                    waited >= low.as_secs_f64() - 0.001 && waited <= delay.as_secs_f64() + 0.001,
+                    "{budget:?}: due {waited}s after the expiry, want {low:?}..={delay:?}"
                 );
-                assert_eq!(batch.claimed[0].reconcile, budget.reconcile, "{budget:?}");
                 client
-                    .execute("UPDATE outbox.messages SET state = 'delivered', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, delivered_at = now() WHERE message_key = $1", &[&key])
+                    .execute("UPDATE outbox.messages SET state = 'delivered', delivered_at = now() WHERE message_key = $1", &[&key])
                     .await
                     .unwrap();
             }
+            Transition::Delivered | Transition::Reconciled => panic!("{budget:?}"),
         }
+    }
+    // Once due, the claim tells the worker the previous attempt was ambiguous and whether
+    // the payload names a lookup (the reconciling rows above were delivered by hand; one
+    // more of each kind, due now).
+    for (i, payload) in [plain, reconciling].iter().enumerate() {
+        let key = format!("due-after-expiry-{i}");
+        client
+            .execute(
+                "INSERT INTO outbox.messages (message_key, channel, payload)
+                 VALUES ($1, 'webhook', $2::text::jsonb)",
+                &[&key, payload],
+            )
+            .await
+            .unwrap();
+        client
+            .execute(
+                "UPDATE outbox.messages SET attempts = 1, error_class = 'ambiguous' WHERE message_key = $1",
+                &[&key],
+            )
+            .await
+            .unwrap();
+        let batch = claim::claim(
+            &client,
+            &[Channel::Webhook],
+            10,
+            "w3",
+            Duration::from_secs(60),
+            &policy,
+        )
+        .await
+        .unwrap();
+        assert_eq!(batch.claimed.len(), 1, "{key}");
+        assert_eq!(batch.claimed[0].previous_class, Some(ErrorClass::Ambiguous));
+        assert_eq!(batch.claimed[0].reconcile, *payload == reconciling, "{key}");
     }
 }

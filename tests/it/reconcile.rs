@@ -329,6 +329,7 @@ async fn claim_and_abandon(db: &TestDb) {
         10,
         "w-dead",
         Duration::from_millis(200),
+        &outboxd::retry::RetryPolicy::default(),
     )
     .await
     .unwrap();

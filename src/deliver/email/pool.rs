@@ -1,5 +1,10 @@
 //! The relay's connections: one slot per connection that may be open, idle connections
 //! kept for reuse (checkout, checkin), and opening a new one (connect, STARTTLS, AUTH).
+//!
+//! Not `deadpool::managed`: its `get` waits for a slot and opens the connection in one
+//! call, and the worker needs the two apart — the slot wait outside the attempt's timeout,
+//! the connect inside it, and the lease-fit check between them (ARCHITECTURE.md,
+//! "Decisions worth knowing").
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
