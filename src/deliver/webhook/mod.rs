@@ -5,6 +5,10 @@
 //! the message key, and (when a secret is configured) a `webhook-signature` over
 //! `id.timestamp.body`. Redirects are not followed and proxies are not used: both would send
 //! the request somewhere the destination check did not look.
+//!
+//! After an ambiguous attempt, a payload with `reconcile.url` makes the next attempt a
+//! lookup first ([`reconcile`]), within the same timeout; with `store_response` the
+//! delivering response's body is kept in the summary ([`body`]), read within bounds.
 
 pub mod body;
 pub mod classify;
@@ -124,7 +128,7 @@ impl WebhookSender {
                 if let Some(result) = settled {
                     return Attempted { result, lookup };
                 }
-            } else if let Some(blocked) = self.refused_early(url).await {
+            } else if let Some(blocked) = self.refused_early(url, deadline).await {
                 return Err(blocked).into();
             }
         }
@@ -160,11 +164,17 @@ impl WebhookSender {
 
     /// A reconcile URL naming a host whose every address the guard refuses: `invalid`
     /// before the request is sent (the lookup it would need later could never be made).
-    async fn refused_early(&self, url: &url::Url) -> Option<DeliveryError> {
+    /// The name lookup counts against the attempt's timeout; one that does not answer in
+    /// time proves nothing, and the request goes ahead (the lookup, if ever needed, is
+    /// checked on its own connection).
+    async fn refused_early(&self, url: &url::Url, deadline: Instant) -> Option<DeliveryError> {
         let Some(url::Host::Domain(host)) = url.host() else {
             return None;
         };
-        let blocked = self.resolver.refuses(host).await?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let blocked = tokio::time::timeout(left, self.resolver.refuses(host))
+            .await
+            .ok()??;
         Some(DeliveryError::invalid(format!("reconcile.url: {blocked}")))
     }
 
