@@ -67,7 +67,7 @@ impl Env {
         }
     }
 
-    fn database(&self) -> Result<tokio_postgres::Config, ConfigError> {
+    fn database(&self) -> Result<crate::db::Database, ConfigError> {
         let url = self.database_url.as_deref().ok_or_else(|| {
             ConfigError("DATABASE_URL is not set (e.g. postgres://user@localhost/app)".into())
         })?;

@@ -16,6 +16,7 @@ mod enqueue;
 mod hostile_sql;
 mod leases;
 mod ops;
+mod pg_tls;
 mod privileges;
 mod properties;
 mod reliability;

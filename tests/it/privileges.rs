@@ -167,7 +167,8 @@ async fn the_worker_role_runs_the_daemon_and_the_operator_commands() {
     enqueue_webhook(&db, "w:1", &rx.url("/h"), 3, true).await;
     enqueue_webhook(&db, "w:2", &rx.url("/h"), 3, true).await;
 
-    let pool = outboxd::db::pool(worker.clone(), 2).unwrap();
+    let worker = outboxd::db::Database::from_config(worker.clone()).unwrap();
+    let pool = outboxd::db::pool(&worker, 2).unwrap();
     let deliverers = outboxd::deliver::Deliverers {
         webhook: outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
         email: None,
@@ -199,7 +200,7 @@ async fn the_worker_role_runs_the_daemon_and_the_operator_commands() {
     })
     .await;
     // The operator commands work with the same role.
-    let mut wc = connect(&worker).await;
+    let mut wc = connect(worker.config()).await;
     let dead = outboxd::ops::dead_letters(&wc, &outboxd::ops::DeadFilter::default(), 10)
         .await
         .unwrap();

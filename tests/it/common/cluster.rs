@@ -76,6 +76,54 @@ impl Cluster {
     pub fn start_again(&self) {
         assert!(self.pg_ctl(&["-w", "start"]), "pg_ctl start");
     }
+
+    /// The cluster's own directory (the data directory is `data/` inside it).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// Hands a file the test wrote in the cluster's directory to the server's user, with
+    /// `mode` (a private key must be 0600 and the server's own).
+    pub fn give(&self, path: &std::path::Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        if self.as_postgres {
+            let ok = Command::new("chown")
+                .arg("postgres")
+                .arg(path)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "chown {}", path.display());
+        }
+    }
+
+    /// Appends `conf` to postgresql.conf, replaces pg_hba.conf with `hba`, and restarts.
+    pub fn reconfigure(&self, conf: &str, hba: &str) {
+        use std::io::Write;
+        let data = self.dir.join("data");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .unwrap();
+        writeln!(f, "{conf}").unwrap();
+        std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+        self.stop();
+        if !self.pg_ctl(&["-w", "start"]) {
+            let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+            panic!("pg_ctl start after reconfigure:\n{log}");
+        }
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|tail| tail.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap()
+    }
 }
 
 impl Drop for Cluster {
