@@ -13,6 +13,7 @@ mod cli_bad_args;
 mod daemon;
 mod email;
 mod enqueue;
+mod failover;
 mod hostile_sql;
 mod leases;
 mod ops;

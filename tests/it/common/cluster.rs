@@ -126,6 +126,99 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// A streaming standby of `primary` on a port of its own: `pg_basebackup -R` (which
+    /// writes `primary_conninfo` and `standby.signal`), then started (blocking).
+    pub fn standby_of(primary: &Cluster) -> Cluster {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("outboxd-standby.{}.{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let standby = Cluster {
+            url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            dir: dir.clone(),
+            bin: primary.bin.clone(),
+            as_postgres: primary.as_postgres,
+        };
+        if standby.as_postgres {
+            standby.give(&dir, 0o755);
+        }
+        let data = dir.join("data");
+        let mut cmd = standby.as_server_user(&standby.bin.join("pg_basebackup"));
+        cmd.arg("-D")
+            .arg(&data)
+            .args([
+                "-R",
+                "-X",
+                "stream",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-p",
+            ])
+            .arg(primary.port().to_string());
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "pg_basebackup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The copied configuration names the primary's port and socket directory; later
+        // lines win.
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("postgresql.conf"))
+                .unwrap();
+            writeln!(
+                f,
+                "port = {port}\nunix_socket_directories = '{}'",
+                dir.display()
+            )
+            .unwrap();
+        }
+        assert!(standby.pg_ctl(&["-w", "start"]), "standby start");
+        standby
+    }
+
+    /// Promotes a standby to primary and waits until it accepts writes.
+    pub fn promote(&self) {
+        assert!(self.pg_ctl(&["-w", "promote"]), "pg_ctl promote");
+    }
+
+    fn as_server_user(&self, program: &std::path::Path) -> Command {
+        if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(program);
+            c
+        } else {
+            Command::new(program)
+        }
+    }
+}
+
+/// A port below the ephemeral range that nothing listens on (as scripts/throwaway-pg picks).
+fn free_port() -> u16 {
+    for _ in 0..200 {
+        let p = 15432 + (std::process::id() as u16 % 2000) + rand_offset();
+        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no free port");
+}
+
+fn rand_offset() -> u16 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    (SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        % 2000) as u16
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = self.pg_ctl(&["-m", "immediate", "-w", "stop"]);
