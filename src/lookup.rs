@@ -4,6 +4,46 @@
 //! The rule lives in SQL (`outbox.lookup`, `sql/0009_human_checkpoints.sql`): a
 //! `SECURITY DEFINER` function that returns no payload, so the application role may call it
 //! without any right on the table. This module binds the key and types the answer.
+//!
+//! An agent's tool wrapper (the README's *Agents* section): the key from durable ids, a
+//! lookup before acting again, the enqueue in the business transaction.
+//!
+//! ```no_run
+//! use outboxd::{ErrorClass, NewMessage, State, enqueue, lookup};
+//! use serde_json::json;
+//!
+//! async fn refund(
+//!     db: &mut tokio_postgres::Client,
+//!     run: &str,
+//!     step: u32,
+//!     order: i64,
+//!     cents: i64,
+//! ) -> anyhow::Result<String> {
+//!     let key = format!("{run}:step-{step}:refund-order-{order}");
+//!     if let Some(s) = lookup(&*db, &key).await? {
+//!         return Ok(match (s.state, s.error_class) {
+//!             (State::Delivered, _) => format!("refund already done: {:?}", s.response),
+//!             (State::Held, _) => "refund waits for a person's approval".into(),
+//!             (State::Pending | State::Running, _) => "refund on its way".into(),
+//!             (State::Cancelled, _) => "refund was cancelled; do not retry".into(),
+//!             (State::Dead, Some(ErrorClass::Ambiguous)) => "outcome unknown; a person checks".into(),
+//!             (State::Dead, _) => format!("refund failed: {}", s.last_error.unwrap_or_default()),
+//!         });
+//!     }
+//!     let tx = db.transaction().await?;
+//!     tx.execute("UPDATE orders SET refund_requested = true WHERE id = $1", &[&order])
+//!         .await?;
+//!     let msg = NewMessage::webhook(
+//!         &key,
+//!         json!({"url": "https://payments.example.com/refunds",
+//!                "body": {"order": order, "amount": cents}, "store_response": true}),
+//!     )
+//!     .held(true);
+//!     enqueue(&tx, &msg).await?;
+//!     tx.commit().await?;
+//!     Ok("refund requested; it waits for approval".into())
+//! }
+//! ```
 
 use std::time::SystemTime;
 
