@@ -1063,3 +1063,58 @@ async fn show_redacts_the_reconcile_url() {
         );
     }
 }
+
+/// `enqueue --held` (or `OUTBOXD_HELD=true`) again with the same payload is the same row,
+/// still held; `status` prints the new states; a very long key is just unknown.
+#[tokio::test]
+async fn enqueue_held_from_the_cli_keeps_the_dedup_rule() {
+    let db = TestDb::new().await;
+    let payload = json!({"url": "https://example.com/h"}).to_string();
+    let args = [
+        "enqueue",
+        "--key",
+        "k:1",
+        "--channel",
+        "webhook",
+        "--payload",
+        &payload,
+    ];
+    let first = cli(&db, &[&args[..], &["--held"]].concat()).await;
+    assert_eq!(first.code, Some(0), "{:?}", first.stderr);
+    let url = db.url();
+    let a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let again = tokio::task::spawn_blocking(move || {
+        run(outboxd(Some(&url)).env("OUTBOXD_HELD", "true").args(&a))
+    })
+    .await
+    .unwrap();
+    assert_eq!(again.code, Some(0), "{:?}", again.stderr);
+    let id = first.stdout.split_whitespace().next().unwrap().to_owned();
+    assert_eq!(again.stdout.trim(), format!("{id} existing"));
+    // Without --held, the same payload is still that held row.
+    let plain = cli(&db, &args).await;
+    assert_eq!(plain.stdout.trim(), format!("{id} existing"));
+    assert_eq!(row(&db, "k:1").await.state, "held");
+
+    let out = cli(&db, &["status"]).await;
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
+    let line = |state: &str| {
+        out.stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(state))
+            .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
+    };
+    assert_eq!(line("held").as_deref(), Some("1 0 1"), "{}", out.stdout);
+    assert_eq!(
+        line("cancelled").as_deref(),
+        Some("0 0 0"),
+        "{}",
+        out.stdout
+    );
+
+    let before = snapshot(&db).await;
+    let long = "k".repeat(100_000);
+    let out = cli(&db, &["approve", &long]).await;
+    assert_refused("a 100 KB key", &out, 1, &["no such message"]);
+    assert_eq!(snapshot(&db).await, before);
+}
