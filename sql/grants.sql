@@ -18,30 +18,46 @@ BEGIN
 END
 $$;
 
--- The application: enqueue, nothing else. outbox.enqueue_row runs with its owner's rights,
--- so the role needs no privilege on the tables to enqueue through the functions; it cannot
--- read payloads (its own or anyone's), nor change a message's state or history. INSERT
--- allows the plain `INSERT INTO outbox.messages (message_key, channel, payload)` path
--- (without RETURNING, which would need SELECT).
+-- The application: enqueue (held rows too), look up its keys' outcomes, nothing else.
+-- outbox.enqueue_row and outbox.lookup run with their owner's rights, so the role needs no
+-- privilege on the tables to enqueue through the functions or to ask what became of a key;
+-- it cannot read payloads (its own or anyone's), nor change a message's state or history.
+-- INSERT allows the plain `INSERT INTO outbox.messages (message_key, channel, payload)` path
+-- (without RETURNING, which would need SELECT); its `state` column may only be `pending` or
+-- `held` (the insert trigger refuses any other state, whoever inserts).
 GRANT USAGE ON SCHEMA outbox TO outbox_app;
 GRANT EXECUTE ON FUNCTION
-    outbox.enqueue(text, text, jsonb, timestamptz, integer, boolean),
-    outbox.enqueue_row(text, text, jsonb, timestamptz, integer, boolean),
-    outbox.enqueue_many(text[], text[], jsonb[], timestamptz[], integer[], boolean[])
+    outbox.enqueue(text, text, jsonb, timestamptz, integer, boolean, boolean),
+    outbox.enqueue_row(text, text, jsonb, timestamptz, integer, boolean, boolean),
+    outbox.enqueue_many(text[], text[], jsonb[], timestamptz[], integer[], boolean[], boolean[]),
+    outbox.lookup(text)
     TO outbox_app;
-GRANT INSERT (message_key, channel, payload, run_after, max_attempts, retry_ambiguous)
+GRANT INSERT (message_key, channel, payload, run_after, max_attempts, retry_ambiguous, state)
     ON outbox.messages TO outbox_app;
 
--- The worker (and the operator CLI: status, dead, show, replay, purge): claim, complete,
--- release, replay and purge messages, and write their history. No DDL.
+-- The worker (and the operator CLI: status, dead, held, show, replay, approve, cancel,
+-- confirm, purge): claim, complete, release, replay, approve, cancel, confirm and purge
+-- messages, and write their history. Only this role decides for a person (approve, cancel,
+-- confirm). No DDL.
 GRANT USAGE ON SCHEMA outbox TO outbox_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.messages TO outbox_worker;
 GRANT SELECT, INSERT ON outbox.attempts TO outbox_worker;
 GRANT SELECT ON outbox.schema_migrations TO outbox_worker;
 GRANT EXECUTE ON FUNCTION
-    outbox.enqueue(text, text, jsonb, timestamptz, integer, boolean),
-    outbox.enqueue_row(text, text, jsonb, timestamptz, integer, boolean),
-    outbox.enqueue_many(text[], text[], jsonb[], timestamptz[], integer[], boolean[]),
+    outbox.enqueue(text, text, jsonb, timestamptz, integer, boolean, boolean),
+    outbox.enqueue_row(text, text, jsonb, timestamptz, integer, boolean, boolean),
+    outbox.enqueue_many(text[], text[], jsonb[], timestamptz[], integer[], boolean[], boolean[]),
+    outbox.lookup(text),
     outbox.replay(bigint[], text),
+    outbox.approve(bigint[], text),
+    outbox.cancel(bigint[], text, text),
+    outbox.confirm(bigint[], text),
     outbox.purge(interval, boolean, integer)
+    TO outbox_worker;
+-- The two steps approve, cancel and confirm share (sql/0009). They run with the caller's
+-- rights (the lock needs UPDATE on the table, which only this role has), so the role that
+-- calls the actions must be able to call them too.
+GRANT EXECUTE ON FUNCTION
+    outbox.lock_named(bigint[], text),
+    outbox.not_in_states(bigint[], text[])
     TO outbox_worker;

@@ -1,4 +1,4 @@
--- outboxd: the live schema after every migration of sql/ (0001 … 0008), in one file.
+-- outboxd: the live schema after every migration of sql/ (0001 … 0009), in one file.
 -- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
 -- only the numbered files). tests/schema.rs loads it into an empty database and compares
 -- the catalog with a migrated one; after a new migration, regenerate it with
@@ -31,26 +31,160 @@ CREATE SCHEMA outbox;
 
 
 --
--- Name: enqueue(text, text, jsonb, timestamp with time zone, integer, boolean); Type: FUNCTION; Schema: outbox; Owner: -
+-- Name: approve(bigint[], text); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
-CREATE FUNCTION outbox.enqueue(message_key text, channel text, payload jsonb, run_after timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 3, retry_ambiguous boolean DEFAULT true) RETURNS bigint
+CREATE FUNCTION outbox.approve(message_ids bigint[], actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_wrong text;
+BEGIN
+    PERFORM outbox.lock_named(message_ids, 'approved');
+    v_wrong := outbox.not_in_states(message_ids, ARRAY['held']);
+    IF v_wrong IS NOT NULL THEN
+        RAISE EXCEPTION 'not held, so not approved: %; nothing approved', v_wrong
+            USING ERRCODE = '55000';
+    END IF;
+
+    INSERT INTO outbox.attempts (message_id, attempt, worker, started_at, finished_at, outcome)
+    SELECT m.id, m.attempts, coalesce(actor, current_user::text), now(), now(), 'approved'
+    FROM outbox.messages m
+    WHERE m.id = ANY(message_ids);
+
+    RETURN QUERY
+    UPDATE outbox.messages m SET state = 'pending', updated_at = now()
+    WHERE m.id = ANY(message_ids)
+    RETURNING m.id, m.message_key;
+
+    PERFORM pg_notify('outbox_messages', '');
+END
+$$;
+
+
+--
+-- Name: cancel(bigint[], text, text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.cancel(message_ids bigint[], reason text DEFAULT NULL::text, actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_bad   text;
+    v_wrong text;
+BEGIN
+    IF reason IS NOT NULL THEN
+        IF btrim(reason) = '' THEN
+            RAISE EXCEPTION 'reason must not be empty (leave it out instead); nothing cancelled'
+                USING ERRCODE = '22023', COLUMN = 'reason';
+        END IF;
+        IF char_length(reason) > 500 THEN
+            RAISE EXCEPTION 'reason must be at most 500 characters (got %); nothing cancelled',
+                char_length(reason) USING ERRCODE = '22023', COLUMN = 'reason';
+        END IF;
+        v_bad := substring(reason FROM E'[\\u0001-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]');
+        IF v_bad IS NOT NULL THEN
+            RAISE EXCEPTION 'reason must be one line without control characters (U+% at character %); nothing cancelled',
+                lpad(upper(to_hex(ascii(v_bad))), 4, '0'), strpos(reason, v_bad)
+                USING ERRCODE = '22023', COLUMN = 'reason';
+        END IF;
+    END IF;
+
+    PERFORM outbox.lock_named(message_ids, 'cancelled');
+    v_wrong := outbox.not_in_states(message_ids, ARRAY['held', 'pending', 'dead']);
+    IF v_wrong IS NOT NULL THEN
+        RAISE EXCEPTION 'not held, pending or dead, so not cancelled: %; nothing cancelled', v_wrong
+            USING ERRCODE = '55000';
+    END IF;
+
+    INSERT INTO outbox.attempts
+        (message_id, attempt, worker, started_at, finished_at, outcome, error)
+    SELECT m.id, m.attempts, coalesce(actor, current_user::text), now(), now(), 'cancelled', reason
+    FROM outbox.messages m
+    WHERE m.id = ANY(message_ids);
+
+    RETURN QUERY
+    UPDATE outbox.messages m SET
+        state        = 'cancelled',
+        cancelled_at = now(),
+        dead_at      = NULL,
+        updated_at   = now()
+    WHERE m.id = ANY(message_ids)
+    RETURNING m.id, m.message_key;
+END
+$$;
+
+
+--
+-- Name: confirm(bigint[], text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.confirm(message_ids bigint[], actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_wrong text;
+BEGIN
+    PERFORM outbox.lock_named(message_ids, 'confirmed');
+    SELECT string_agg(format('%s (%s, %s%s)', m.id, quote_literal(m.message_key), m.state,
+                             CASE WHEN m.state = 'dead' THEN ' ' || m.error_class ELSE '' END),
+                      ', ' ORDER BY m.id)
+    INTO v_wrong
+    FROM outbox.messages m
+    WHERE m.id = ANY(message_ids)
+      AND (m.state <> 'dead' OR m.error_class IS DISTINCT FROM 'ambiguous');
+    IF v_wrong IS NOT NULL THEN
+        RAISE EXCEPTION 'not dead with class ambiguous, so not confirmed: %; nothing confirmed', v_wrong
+            USING ERRCODE = '55000';
+    END IF;
+
+    INSERT INTO outbox.attempts
+        (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
+    SELECT m.id, m.attempts, coalesce(actor, current_user::text), now(), now(), 'confirmed',
+           m.error_class, m.last_error
+    FROM outbox.messages m
+    WHERE m.id = ANY(message_ids);
+
+    RETURN QUERY
+    UPDATE outbox.messages m SET
+        state        = 'delivered',
+        response     = CASE WHEN jsonb_typeof(m.response) = 'object' THEN m.response ELSE '{}'::jsonb END
+                       || jsonb_build_object('confirmed', true),
+        error_class  = NULL,
+        last_error   = NULL,
+        dead_at      = NULL,
+        delivered_at = now(),
+        updated_at   = now()
+    WHERE m.id = ANY(message_ids)
+    RETURNING m.id, m.message_key;
+END
+$$;
+
+
+--
+-- Name: enqueue(text, text, jsonb, timestamp with time zone, integer, boolean, boolean); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.enqueue(message_key text, channel text, payload jsonb, run_after timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 3, retry_ambiguous boolean DEFAULT true, held boolean DEFAULT false) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     RETURN (outbox.enqueue_row(enqueue.message_key, enqueue.channel, enqueue.payload,
                                enqueue.run_after, enqueue.max_attempts,
-                               enqueue.retry_ambiguous)).id;
+                               enqueue.retry_ambiguous, enqueue.held)).id;
 END
 $$;
 
 
 --
--- Name: enqueue_many(text[], text[], jsonb[], timestamp with time zone[], integer[], boolean[]); Type: FUNCTION; Schema: outbox; Owner: -
+-- Name: enqueue_many(text[], text[], jsonb[], timestamp with time zone[], integer[], boolean[], boolean[]); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
-CREATE FUNCTION outbox.enqueue_many(message_keys text[], channels text[], payloads jsonb[], run_afters timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[], max_attempts integer[] DEFAULT '{}'::integer[], retry_ambiguous boolean[] DEFAULT '{}'::boolean[]) RETURNS TABLE(id bigint, created boolean)
+CREATE FUNCTION outbox.enqueue_many(message_keys text[], channels text[], payloads jsonb[], run_afters timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[], max_attempts integer[] DEFAULT '{}'::integer[], retry_ambiguous boolean[] DEFAULT '{}'::boolean[], held boolean[] DEFAULT '{}'::boolean[]) RETURNS TABLE(id bigint, created boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -111,11 +245,13 @@ BEGIN
     -- whose key exists too) and fills the fingerprint (request_hash is left to it).
     WITH ins AS (
         INSERT INTO outbox.messages AS m
-            (message_key, channel, payload, request_hash, run_after, max_attempts, retry_ambiguous)
+            (message_key, channel, payload, request_hash, run_after, max_attempts, retry_ambiguous,
+             state)
         SELECT u.k, u.c, u.p, NULL,
                coalesce(run_afters[u.ord], now()),
                coalesce(enqueue_many.max_attempts[u.ord], 3),
-               coalesce(enqueue_many.retry_ambiguous[u.ord], true)
+               coalesce(enqueue_many.retry_ambiguous[u.ord], true),
+               CASE WHEN coalesce(enqueue_many.held[u.ord], false) THEN 'held' ELSE 'pending' END
         FROM unnest(message_keys, channels, payloads) WITH ORDINALITY AS u(k, c, p, ord)
         ORDER BY u.ord
         ON CONFLICT ON CONSTRAINT messages_message_key_key DO NOTHING
@@ -155,7 +291,8 @@ BEGIN
                 FROM outbox.enqueue_row(message_keys[i], channels[i], payloads[i],
                                         coalesce(run_afters[i], now()),
                                         coalesce(enqueue_many.max_attempts[i], 3),
-                                        coalesce(enqueue_many.retry_ambiguous[i], true)) e;
+                                        coalesce(enqueue_many.retry_ambiguous[i], true),
+                                        coalesce(enqueue_many.held[i], false)) e;
             END IF;
         END LOOP;
     END IF;
@@ -166,10 +303,10 @@ $$;
 
 
 --
--- Name: enqueue_row(text, text, jsonb, timestamp with time zone, integer, boolean); Type: FUNCTION; Schema: outbox; Owner: -
+-- Name: enqueue_row(text, text, jsonb, timestamp with time zone, integer, boolean, boolean); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
-CREATE FUNCTION outbox.enqueue_row(message_key text, channel text, payload jsonb, run_after timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 3, retry_ambiguous boolean DEFAULT true, OUT id bigint, OUT created boolean) RETURNS record
+CREATE FUNCTION outbox.enqueue_row(message_key text, channel text, payload jsonb, run_after timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 3, retry_ambiguous boolean DEFAULT true, held boolean DEFAULT false, OUT id bigint, OUT created boolean) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -183,12 +320,17 @@ BEGIN
         RAISE EXCEPTION 'retry_ambiguous must not be null'
             USING ERRCODE = '22023', COLUMN = 'retry_ambiguous';
     END IF;
+    IF enqueue_row.held IS NULL THEN
+        RAISE EXCEPTION 'held must not be null' USING ERRCODE = '22023', COLUMN = 'held';
+    END IF;
     LOOP
         INSERT INTO outbox.messages AS m
-            (message_key, channel, payload, request_hash, run_after, max_attempts, retry_ambiguous)
+            (message_key, channel, payload, request_hash, run_after, max_attempts, retry_ambiguous,
+             state)
         VALUES (enqueue_row.message_key, enqueue_row.channel, enqueue_row.payload, NULL,
                 coalesce(enqueue_row.run_after, now()), enqueue_row.max_attempts,
-                enqueue_row.retry_ambiguous)
+                enqueue_row.retry_ambiguous,
+                CASE WHEN enqueue_row.held THEN 'held' ELSE 'pending' END)
         ON CONFLICT ON CONSTRAINT messages_message_key_key DO NOTHING
         RETURNING m.id INTO enqueue_row.id;
         IF enqueue_row.id IS NOT NULL THEN
@@ -217,6 +359,72 @@ $$;
 
 
 --
+-- Name: lock_named(bigint[], text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.lock_named(message_ids bigint[], verb text) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_missing text;
+BEGIN
+    IF message_ids IS NULL THEN
+        RAISE EXCEPTION 'message_ids must not be null; nothing %', verb
+            USING ERRCODE = '22023', COLUMN = 'message_ids';
+    END IF;
+    IF array_position(message_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'message_ids must not contain null; nothing %', verb
+            USING ERRCODE = '22023', COLUMN = 'message_ids';
+    END IF;
+
+    PERFORM 1 FROM outbox.messages m WHERE m.id = ANY(message_ids) ORDER BY m.id FOR UPDATE;
+
+    SELECT string_agg(DISTINCT x::text, ', ') INTO v_missing
+    FROM unnest(message_ids) AS x
+    WHERE NOT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = x);
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'no message with id %; nothing %', v_missing, verb USING ERRCODE = 'P0002';
+    END IF;
+END
+$$;
+
+
+--
+-- Name: lookup(text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.lookup(message_key text) RETURNS TABLE(id bigint, state text, attempts integer, max_attempts integer, error_class text, last_error text, response jsonb, created_at timestamp with time zone, updated_at timestamp with time zone, delivered_at timestamp with time zone, dead_at timestamp with time zone, cancelled_at timestamp with time zone)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_bad text;
+BEGIN
+    IF lookup.message_key IS NULL OR char_length(lookup.message_key) = 0 THEN
+        RAISE EXCEPTION 'message_key must not be empty' USING ERRCODE = '22023', COLUMN = 'message_key';
+    END IF;
+    IF char_length(lookup.message_key) > 255 THEN
+        RAISE EXCEPTION 'message_key must be at most 255 characters (got %)', char_length(lookup.message_key)
+            USING ERRCODE = '22023', COLUMN = 'message_key';
+    END IF;
+    v_bad := substring(lookup.message_key FROM E'[\\u0001-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]');
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'message_key must not contain control characters (U+% at character %)',
+            lpad(upper(to_hex(ascii(v_bad))), 4, '0'), strpos(lookup.message_key, v_bad)
+            USING ERRCODE = '22023', COLUMN = 'message_key';
+    END IF;
+    RETURN QUERY
+    SELECT m.id, m.state, m.attempts, m.max_attempts, m.error_class, m.last_error, m.response,
+           m.created_at, m.updated_at, m.delivered_at, m.dead_at, m.cancelled_at
+    FROM outbox.messages m
+    WHERE m.message_key = lookup.message_key;
+END
+$$;
+
+
+--
 -- Name: messages_before_insert(); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -236,8 +444,14 @@ BEGIN
             AND octet_length(v_text) <= 1048576
             AND NEW.max_attempts >= 1
             AND isfinite(NEW.run_after)
+            AND NEW.state IN ('pending', 'held')
             AND CASE NEW.channel
-                    WHEN 'webhook' THEN jsonb_typeof(NEW.payload -> 'url') = 'string'
+                    WHEN 'webhook' THEN
+                        jsonb_typeof(NEW.payload -> 'url') = 'string'
+                        AND (NOT NEW.payload ? 'reconcile'
+                             OR jsonb_typeof(NEW.payload -> 'reconcile' -> 'url') = 'string')
+                        AND (NOT NEW.payload ? 'store_response'
+                             OR jsonb_typeof(NEW.payload -> 'store_response') = 'boolean')
                     WHEN 'email' THEN
                         (jsonb_typeof(NEW.payload -> 'to') = 'string'
                          AND btrim(NEW.payload ->> 'to') <> '')
@@ -248,10 +462,15 @@ BEGIN
             false) THEN
         -- Raises 22023 naming the field.
         PERFORM outbox.validate(NEW.message_key, NEW.channel, NEW.payload, NEW.max_attempts);
-        -- A NULL run_after is left to the column's NOT NULL constraint.
+        -- A NULL run_after or state is left to the column's NOT NULL constraint.
         IF NOT isfinite(NEW.run_after) THEN
             RAISE EXCEPTION 'run_after must be a finite time (got %)', NEW.run_after
                 USING ERRCODE = '22023', COLUMN = 'run_after';
+        END IF;
+        -- The value is not quoted back: it is the caller's text, of any length.
+        IF NEW.state NOT IN ('pending', 'held') THEN
+            RAISE EXCEPTION 'state must be ''pending'' or ''held'' when a message is inserted'
+                USING ERRCODE = '22023', COLUMN = 'state';
         END IF;
     END IF;
     -- outbox.request_hash(channel, payload), from the text rendered above.
@@ -308,6 +527,24 @@ BEGIN
     -- refuses ("being used by active queries").
     DELETE FROM outbox.attempts;
     RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: not_in_states(bigint[], text[]); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.not_in_states(message_ids bigint[], allowed text[]) RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN (SELECT string_agg(format('%s (%s, %s%s)', m.id, quote_literal(m.message_key), m.state,
+                                     CASE WHEN m.state = 'dead' THEN ' ' || m.error_class ELSE '' END),
+                              ', ' ORDER BY m.id)
+            FROM outbox.messages m
+            WHERE m.id = ANY(message_ids) AND m.state <> ALL(allowed));
 END
 $$;
 
@@ -481,6 +718,18 @@ BEGIN
         IF jsonb_typeof(payload -> 'url') IS DISTINCT FROM 'string' THEN
             RAISE EXCEPTION 'payload.url must be a string' USING ERRCODE = '22023', COLUMN = 'payload.url';
         END IF;
+        IF payload ? 'reconcile' AND jsonb_typeof(payload -> 'reconcile') <> 'object' THEN
+            RAISE EXCEPTION 'payload.reconcile must be an object with a string url'
+                USING ERRCODE = '22023', COLUMN = 'payload.reconcile';
+        END IF;
+        IF payload ? 'reconcile' AND jsonb_typeof(payload -> 'reconcile' -> 'url') IS DISTINCT FROM 'string' THEN
+            RAISE EXCEPTION 'payload.reconcile.url must be a string'
+                USING ERRCODE = '22023', COLUMN = 'payload.reconcile.url';
+        END IF;
+        IF payload ? 'store_response' AND jsonb_typeof(payload -> 'store_response') <> 'boolean' THEN
+            RAISE EXCEPTION 'payload.store_response must be true or false'
+                USING ERRCODE = '22023', COLUMN = 'payload.store_response';
+        END IF;
     ELSIF channel = 'email' THEN
         IF NOT coalesce((jsonb_typeof(payload -> 'to') = 'string' AND btrim(payload ->> 'to') <> '')
                 OR (jsonb_typeof(payload -> 'to') = 'array' AND jsonb_array_length(payload -> 'to') > 0), false) THEN
@@ -534,7 +783,7 @@ CREATE TABLE outbox.attempts (
     status integer,
     deduplicated boolean DEFAULT false NOT NULL,
     CONSTRAINT attempts_error_class_check CHECK ((error_class = ANY (ARRAY['transient'::text, 'ambiguous'::text, 'permanent'::text, 'invalid'::text, 'exhausted'::text]))),
-    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'retry'::text, 'dead'::text, 'lease_lost'::text, 'released'::text, 'replayed'::text])))
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'retry'::text, 'dead'::text, 'lease_lost'::text, 'released'::text, 'replayed'::text, 'approved'::text, 'cancelled'::text, 'confirmed'::text, 'reconciled'::text])))
 )
 WITH (autovacuum_vacuum_insert_scale_factor='0.05');
 
@@ -578,7 +827,9 @@ CREATE TABLE outbox.messages (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     delivered_at timestamp with time zone,
     dead_at timestamp with time zone,
+    cancelled_at timestamp with time zone,
     CONSTRAINT messages_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT messages_cancelled_at_iff_cancelled CHECK (((state = 'cancelled'::text) = (cancelled_at IS NOT NULL))),
     CONSTRAINT messages_channel_check CHECK ((channel = ANY (ARRAY['webhook'::text, 'email'::text]))),
     CONSTRAINT messages_dead_at_iff_dead CHECK (((state = 'dead'::text) = (dead_at IS NOT NULL))),
     CONSTRAINT messages_dead_has_class CHECK (((state <> 'dead'::text) OR (error_class IS NOT NULL))),
@@ -589,7 +840,7 @@ CREATE TABLE outbox.messages (
     CONSTRAINT messages_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT messages_payload_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
     CONSTRAINT messages_request_hash_len CHECK ((octet_length(request_hash) = 32)),
-    CONSTRAINT messages_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'delivered'::text, 'dead'::text])))
+    CONSTRAINT messages_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'held'::text, 'running'::text, 'delivered'::text, 'dead'::text, 'cancelled'::text])))
 )
 WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_insert_scale_factor='0.05');
 
@@ -660,6 +911,13 @@ CREATE INDEX attempts_message_idx ON outbox.attempts USING btree (message_id, id
 
 
 --
+-- Name: messages_cancelled_idx; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX messages_cancelled_idx ON outbox.messages USING btree (cancelled_at) WHERE (state = 'cancelled'::text);
+
+
+--
 -- Name: messages_dead_idx; Type: INDEX; Schema: outbox; Owner: -
 --
 
@@ -678,6 +936,13 @@ CREATE INDEX messages_delivered_idx ON outbox.messages USING btree (delivered_at
 --
 
 CREATE INDEX messages_due_idx ON outbox.messages USING btree (run_after, id) WHERE (state = 'pending'::text);
+
+
+--
+-- Name: messages_held_idx; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX messages_held_idx ON outbox.messages USING btree (created_at, id) WHERE (state = 'held'::text);
 
 
 --

@@ -75,6 +75,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "lease_expiry_rule",
         sql: include_str!("../sql/0008_lease_expiry_rule.sql"),
     },
+    Migration {
+        version: 9,
+        name: "human_checkpoints",
+        sql: include_str!("../sql/0009_human_checkpoints.sql"),
+    },
 ];
 
 /// Why migrating failed.

@@ -45,6 +45,10 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
         "0008_lease_expiry_rule.sql",
         "7e7cf7f64f87432e711181b3584f0f34e52da253a1e1e292568045a287e94381",
     ),
+    (
+        "0009_human_checkpoints.sql",
+        "c4f910886b39eed9fed17081e5d85c9015422def0b95b076561ec95d5b18321e",
+    ),
 ];
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it
