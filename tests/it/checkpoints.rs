@@ -280,6 +280,7 @@ async fn held_rows_from_every_path_are_never_claimed() {
             100,
             "w",
             Duration::from_secs(30),
+            &outboxd::retry::RetryPolicy::default(),
         )
         .await
         .unwrap();
@@ -530,6 +531,7 @@ async fn cancel_and_claim_race_never_both_win() {
                 10,
                 "racer",
                 Duration::from_secs(30),
+                &outboxd::retry::RetryPolicy::default(),
             )
             .await
             .unwrap()
@@ -572,6 +574,7 @@ async fn cancel_and_claim_race_never_both_win() {
             10,
             "later",
             Duration::from_secs(30),
+            &outboxd::retry::RetryPolicy::default(),
         )
         .await
         .unwrap();
