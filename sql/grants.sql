@@ -54,3 +54,10 @@ GRANT EXECUTE ON FUNCTION
     outbox.confirm(bigint[], text),
     outbox.purge(interval, boolean, integer)
     TO outbox_worker;
+-- The two steps approve, cancel and confirm share (sql/0009). They run with the caller's
+-- rights (the lock needs UPDATE on the table, which only this role has), so the role that
+-- calls the actions must be able to call them too.
+GRANT EXECUTE ON FUNCTION
+    outbox.lock_named(bigint[], text),
+    outbox.not_in_states(bigint[], text[])
+    TO outbox_worker;

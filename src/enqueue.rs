@@ -1,7 +1,7 @@
 //! Enqueueing from Rust, inside the application's own transaction.
 //!
 //! The rules are the SQL function's (`outbox.enqueue_row`, in `sql/0001_outbox.sql`, and the
-//! insert trigger it fires, last changed in `sql/0007_enqueue_hardening.sql`): this
+//! insert trigger it fires; both last changed in `sql/0009_human_checkpoints.sql`): this
 //! module only binds parameters and turns the database's answers into typed errors, so the
 //! SQL and Rust paths cannot disagree.
 
@@ -24,6 +24,7 @@ pub struct NewMessage {
     run_after: Option<SystemTime>,
     max_attempts: i32,
     retry_ambiguous: bool,
+    held: bool,
 }
 
 impl NewMessage {
@@ -46,6 +47,7 @@ impl NewMessage {
             run_after: None,
             max_attempts: 3,
             retry_ambiguous: true,
+            held: false,
         }
     }
 
@@ -58,6 +60,15 @@ impl NewMessage {
     /// May an attempt whose outcome is unknown be retried (default true)?
     pub fn retry_ambiguous(mut self, allow: bool) -> Self {
         self.retry_ambiguous = allow;
+        self
+    }
+
+    /// Hold it for a person's approval (default false): the message is stored `held` and
+    /// never sent until an operator approves it (`outboxd approve`), or cancels it. The
+    /// dedup rule is unchanged: a key already stored with the same payload returns that
+    /// row, whatever its state, and leaves it as it is.
+    pub fn held(mut self, held: bool) -> Self {
+        self.held = held;
         self
     }
 
@@ -80,6 +91,11 @@ impl NewMessage {
     /// The payload.
     pub fn payload(&self) -> &Value {
         &self.payload
+    }
+
+    /// Is it enqueued held?
+    pub fn is_held(&self) -> bool {
+        self.held
     }
 }
 
@@ -190,13 +206,14 @@ pub async fn enqueue<C: GenericClient>(
 ) -> Result<Enqueued, EnqueueError> {
     let channel = msg.channel.as_str();
     // query_typed sends parse, bind and execute together: one round trip, no prepare.
-    let params: [(&(dyn ToSql + Sync), Type); 6] = [
+    let params: [(&(dyn ToSql + Sync), Type); 7] = [
         (&msg.key, Type::TEXT),
         (&channel, Type::TEXT),
         (&msg.payload, Type::JSONB),
         (&msg.run_after, Type::TIMESTAMPTZ),
         (&msg.max_attempts, Type::INT4),
         (&msg.retry_ambiguous, Type::BOOL),
+        (&msg.held, Type::BOOL),
     ];
     let rows = client
         .query_typed(queries::ENQUEUE, &params)
@@ -227,13 +244,15 @@ pub async fn enqueue_many<C: GenericClient>(
     let run_afters: Vec<Option<SystemTime>> = msgs.iter().map(|m| m.run_after).collect();
     let max_attempts: Vec<i32> = msgs.iter().map(|m| m.max_attempts).collect();
     let retry_ambiguous: Vec<bool> = msgs.iter().map(|m| m.retry_ambiguous).collect();
-    let params: [(&(dyn ToSql + Sync), Type); 6] = [
+    let held: Vec<bool> = msgs.iter().map(|m| m.held).collect();
+    let params: [(&(dyn ToSql + Sync), Type); 7] = [
         (&keys, Type::TEXT_ARRAY),
         (&channels, Type::TEXT_ARRAY),
         (&payloads, Type::JSONB_ARRAY),
         (&run_afters, Type::TIMESTAMPTZ_ARRAY),
         (&max_attempts, Type::INT4_ARRAY),
         (&retry_ambiguous, Type::BOOL_ARRAY),
+        (&held, Type::BOOL_ARRAY),
     ];
     let rows = client
         .query_typed(queries::ENQUEUE_MANY, &params)

@@ -9,8 +9,8 @@
 //!
 //! # Public API
 //!
-//! Applications use the crate root: [`enqueue()`], [`enqueue_many`], [`NewMessage`] and the
-//! vocabulary in [`model`]. [`migrate`], [`worker`], [`config`] and [`deliver`] serve a
+//! Applications use the crate root: [`enqueue()`], [`enqueue_many`], [`NewMessage`],
+//! [`lookup()`] (what became of a key, before acting again) and the vocabulary in [`model`]. [`migrate`], [`worker`], [`config`] and [`deliver`] serve a
 //! service that runs the worker in-process. The modules hidden from these docs are public
 //! only for the integration tests and carry no compatibility promise.
 //!
@@ -19,6 +19,7 @@
 //! * [`model`]: the shared vocabulary: channels, states, outcomes, error classes.
 //! * [`migrate`]: the SQL files in `sql/`, embedded, applied in order under an advisory lock.
 //! * [`mod@enqueue`]: the library face applications call inside their own transaction.
+//! * [`mod@lookup`]: what became of a key (`outbox.lookup`), for the application role.
 //! * [`queries`]: every runtime SQL statement, each with its contract.
 //! * [`claim`]: the lease: claiming due rows, completing attempts fenced by the lease token,
 //!   releasing unstarted rows.
@@ -31,7 +32,8 @@
 //!   MIME, the SMTP session by phase, reply classification, the connection pool).
 //! * [`worker`]: the loop: claim, deliver with bounded concurrency, complete in batches.
 //! * [`status`]: counts for operators.
-//! * [`ops`]: operator actions: dead letters, show, replay, purge.
+//! * [`ops`]: operator actions: dead letters, held messages, show, replay, approve, cancel,
+//!   confirm, purge.
 //! * [`cli`]: the command line, one room per command (`args`, `run`, `enqueue`, `ops`); the
 //!   binary is a thin `main` around [`cli::dispatch`].
 //! * [`metrics`]: Prometheus metrics and the health endpoint.
@@ -51,6 +53,7 @@ pub mod config;
 pub mod db;
 pub mod deliver;
 pub mod enqueue;
+pub mod lookup;
 #[doc(hidden)]
 pub mod metrics;
 pub mod migrate;
@@ -72,4 +75,5 @@ pub mod text;
 pub mod worker;
 
 pub use enqueue::{EnqueueError, Enqueued, NewMessage, enqueue, enqueue_many};
+pub use lookup::{LookupError, MessageStatus, lookup};
 pub use model::{Channel, ErrorClass, State};

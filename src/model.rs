@@ -42,30 +42,39 @@ impl fmt::Display for Channel {
 pub enum State {
     /// Waiting for `run_after`, then for a worker.
     Pending,
+    /// Waiting for a person's approval (`outbox.approve`); never claimed, whatever its
+    /// `run_after`.
+    Held,
     /// Claimed by a worker whose lease has not expired (or whose death is not yet noticed).
     Running,
     /// The provider accepted it. Final.
     Delivered,
     /// Given up on; an operator may replay it. Final until then.
     Dead,
+    /// Withdrawn by an operator (`outbox.cancel`): final, never sent again.
+    Cancelled,
 }
 
 impl State {
     /// Every state, in lifecycle order.
-    pub const ALL: [State; 4] = [
+    pub const ALL: [State; 6] = [
+        State::Held,
         State::Pending,
         State::Running,
         State::Delivered,
         State::Dead,
+        State::Cancelled,
     ];
 
     /// The text stored in the database.
     pub fn as_str(self) -> &'static str {
         match self {
             State::Pending => "pending",
+            State::Held => "held",
             State::Running => "running",
             State::Delivered => "delivered",
             State::Dead => "dead",
+            State::Cancelled => "cancelled",
         }
     }
 
@@ -96,20 +105,28 @@ pub enum AttemptOutcome {
     Released,
     /// An operator moved a dead message back to pending.
     Replayed,
-    /// A reconciliation lookup found that an earlier, ambiguous attempt took effect: the
-    /// message is delivered without being sent again.
+    /// An operator approved a held message (held → pending).
+    Approved,
+    /// An operator cancelled the message (→ cancelled); the reason is the row's `error`.
+    Cancelled,
+    /// An operator confirmed that a dead ambiguous message took effect (→ delivered).
+    Confirmed,
+    /// A reconciliation lookup found that an ambiguous attempt took effect (→ delivered).
     Reconciled,
 }
 
 impl AttemptOutcome {
     /// Every outcome.
-    pub const ALL: [AttemptOutcome; 7] = [
+    pub const ALL: [AttemptOutcome; 10] = [
         AttemptOutcome::Delivered,
         AttemptOutcome::Retry,
         AttemptOutcome::Dead,
         AttemptOutcome::LeaseLost,
         AttemptOutcome::Released,
         AttemptOutcome::Replayed,
+        AttemptOutcome::Approved,
+        AttemptOutcome::Cancelled,
+        AttemptOutcome::Confirmed,
         AttemptOutcome::Reconciled,
     ];
 
@@ -122,6 +139,9 @@ impl AttemptOutcome {
             AttemptOutcome::LeaseLost => "lease_lost",
             AttemptOutcome::Released => "released",
             AttemptOutcome::Replayed => "replayed",
+            AttemptOutcome::Approved => "approved",
+            AttemptOutcome::Cancelled => "cancelled",
+            AttemptOutcome::Confirmed => "confirmed",
             AttemptOutcome::Reconciled => "reconciled",
         }
     }

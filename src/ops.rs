@@ -1,8 +1,10 @@
-//! Operator actions: dead letters, one message's story, replay, purge.
+//! Operator actions: dead letters, held messages, one message's story, replay, the human
+//! checkpoints (approve, cancel, confirm), purge.
 //!
-//! The rules of replay and purge live in SQL (`outbox.replay`, `outbox.purge` in
-//! `sql/0002_operations.sql`) so that psql users and the CLI get the same behaviour; this
-//! module resolves names, reports, and loops.
+//! The rules of replay, purge and the checkpoints live in SQL (`outbox.replay`,
+//! `outbox.purge` in `sql/0002_operations.sql`; `outbox.approve`, `outbox.cancel`,
+//! `outbox.confirm` in `sql/0009_human_checkpoints.sql`) so that psql users and the CLI get
+//! the same behaviour; this module resolves names, reports, and loops.
 
 use std::time::Duration;
 
@@ -197,6 +199,8 @@ pub struct MessageDetail {
     pub delivered_at: Option<String>,
     /// When it died.
     pub dead_at: Option<String>,
+    /// When it was cancelled.
+    pub cancelled_at: Option<String>,
     /// Every attempt and operator action, oldest first.
     pub history: Vec<AttemptRecord>,
 }
@@ -205,9 +209,10 @@ pub struct MessageDetail {
 /// `outbox.attempts` do (README, "Logs"):
 ///
 /// * every header value is `[redacted]` (the names are kept);
-/// * a webhook's `url` is reduced to its scheme, host and port, as errors name a
-///   destination: no user name or password, path, query or fragment (tokens sit there);
-///   `/[redacted]` marks that there was more. A URL that does not parse is not shown at all;
+/// * a webhook's `url` (and its `reconcile.url`) is reduced to its scheme, host and port,
+///   as errors name a destination: no user name or password, path, query or fragment
+///   (tokens sit there); `/[redacted]` marks that there was more. A URL that does not parse
+///   is not shown at all;
 /// * an e-mail shows no address, subject or body: each field becomes a count
 ///   (`[redacted: 2 addresses]`, `[redacted: 42 characters]`).
 ///
@@ -228,6 +233,16 @@ pub fn redact_payload(channel: &str, mut payload: serde_json::Value) -> serde_js
             ("headers", Value::Null) => Value::Null,
             ("headers", _) => Value::String("[redacted]".into()),
             ("url", url) if channel == "webhook" => Value::String(redact_url(&url)),
+            // The reconciliation lookup's URL carries tokens as often as the main one.
+            ("reconcile", Value::Object(mut r)) if channel == "webhook" => {
+                if let Some(u) = r.get_mut("url") {
+                    *u = Value::String(redact_url(u));
+                }
+                for v in r.values_mut().filter(|v| !v.is_string()) {
+                    *v = Value::String("[redacted]".into());
+                }
+                Value::Object(r)
+            }
             (_, v) if channel == "webhook" => v,
             (_, Value::Null) => Value::Null,
             ("from" | "to" | "cc" | "bcc" | "reply_to", v) => {
@@ -357,6 +372,7 @@ pub async fn show<C: GenericClient>(
         updated_at: ts(15).unwrap_or_default(),
         delivered_at: ts(16),
         dead_at: ts(17),
+        cancelled_at: ts(18),
         history: Vec::new(),
     };
     for a in client
@@ -457,6 +473,176 @@ pub async fn replay(
         tx.commit().await?;
     }
     Ok(replayed)
+}
+
+/// Filters of `held`.
+#[derive(Debug, Clone, Default)]
+pub struct HeldFilter {
+    /// Only this channel.
+    pub channel: Option<Channel>,
+    /// Only those enqueued within this long.
+    pub since: Option<Duration>,
+}
+
+/// One held message, as `outboxd held --json` prints it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeldMessage {
+    /// The message id.
+    pub id: i64,
+    /// The message key.
+    pub message_key: String,
+    /// Its channel.
+    pub channel: String,
+    /// When it was enqueued (RFC 3339).
+    pub created_at: String,
+}
+
+/// Held messages matching `filter`, oldest first, at most `limit`.
+pub async fn held<C: GenericClient>(
+    client: &C,
+    filter: &HeldFilter,
+    limit: i64,
+) -> Result<Vec<HeldMessage>, tokio_postgres::Error> {
+    let channel = filter.channel.map(Channel::as_str);
+    let since = filter.since.map(|d| d.as_secs_f64());
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&channel, Type::TEXT),
+        (&since, Type::FLOAT8),
+        (&limit, Type::INT8),
+    ];
+    let rows = client.query_typed(queries::HELD_LIST, &params).await?;
+    Ok(rows
+        .iter()
+        .map(|r| HeldMessage {
+            id: r.get(0),
+            message_key: r.get(1),
+            channel: r.get(2),
+            created_at: stamp(r, 3).unwrap_or_default(),
+        })
+        .collect())
+}
+
+/// A person's decision about named messages: the human checkpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checkpoint {
+    /// held → pending (`outbox.approve`).
+    Approve,
+    /// held, pending or dead → cancelled (`outbox.cancel`), with an optional one-line reason.
+    Cancel {
+        /// Kept in the history row's `error`; `outbox.cancel` checks it.
+        reason: Option<String>,
+    },
+    /// dead with class ambiguous → delivered (`outbox.confirm`): a person checked with the
+    /// provider that it took effect.
+    Confirm,
+}
+
+impl Checkpoint {
+    /// The past participle the messages use: `approved`, `cancelled`, `confirmed`.
+    pub fn done(&self) -> &'static str {
+        match self {
+            Checkpoint::Approve => "approved",
+            Checkpoint::Cancel { .. } => "cancelled",
+            Checkpoint::Confirm => "confirmed",
+        }
+    }
+}
+
+/// Why a checkpoint action was refused; nothing was changed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Some named messages do not exist.
+    #[error("no such message: {}; nothing {done}", .targets.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+    Unknown {
+        /// The names that matched nothing.
+        targets: Vec<Target>,
+        /// `approved`, `cancelled` or `confirmed`.
+        done: &'static str,
+    },
+    /// No message was named.
+    #[error("no message named; nothing {0}")]
+    Empty(&'static str),
+    /// Some named messages are in a state the action does not take (SQLSTATE 55000), or
+    /// went away meanwhile (P0002); the database's message names them.
+    #[error("{0}")]
+    Refused(String),
+    /// Bad input (SQLSTATE 22023: the cancel reason); the database's message names it.
+    #[error("{0}")]
+    Invalid(String),
+    /// The database failed.
+    #[error("database error: {}", crate::db::describe(.0))]
+    Database(#[from] tokio_postgres::Error),
+}
+
+/// Applies `action` to the named messages in one transaction, all or nothing, with `actor`
+/// recorded in each history row. Returns `(id, key)` of each message changed, by id.
+pub async fn checkpoint(
+    client: &mut Client,
+    action: &Checkpoint,
+    targets: &[Target],
+    actor: &str,
+) -> Result<Vec<(i64, String)>, CheckpointError> {
+    if targets.is_empty() {
+        return Err(CheckpointError::Empty(action.done()));
+    }
+    let tx = client.transaction().await?;
+    let (found, unknown) = resolve(&tx, targets).await?;
+    if !unknown.is_empty() {
+        return Err(CheckpointError::Unknown {
+            targets: unknown,
+            done: action.done(),
+        });
+    }
+    let ids: Vec<i64> = found.iter().map(|c| c.0).collect();
+    let rows = match action {
+        Checkpoint::Approve => {
+            tx.query_typed(
+                queries::APPROVE,
+                &[(&ids, Type::INT8_ARRAY), (&actor, Type::TEXT)],
+            )
+            .await
+        }
+        Checkpoint::Cancel { reason } => {
+            tx.query_typed(
+                queries::CANCEL,
+                &[
+                    (&ids, Type::INT8_ARRAY),
+                    (reason, Type::TEXT),
+                    (&actor, Type::TEXT),
+                ],
+            )
+            .await
+        }
+        Checkpoint::Confirm => {
+            tx.query_typed(
+                queries::CONFIRM,
+                &[(&ids, Type::INT8_ARRAY), (&actor, Type::TEXT)],
+            )
+            .await
+        }
+    }
+    .map_err(|e| match e.as_db_error() {
+        Some(db)
+            if *db.code() == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE
+                || *db.code() == SqlState::NO_DATA_FOUND =>
+        {
+            CheckpointError::Refused(db.message().to_owned())
+        }
+        Some(db) if *db.code() == SqlState::INVALID_PARAMETER_VALUE => {
+            CheckpointError::Invalid(db.message().to_owned())
+        }
+        Some(db) if *db.code() == SqlState::CHARACTER_NOT_IN_REPERTOIRE => {
+            CheckpointError::Invalid(format!(
+                "reason must not contain NUL characters; nothing {}",
+                action.done()
+            ))
+        }
+        _ => CheckpointError::Database(e),
+    })?;
+    let mut changed: Vec<(i64, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    changed.sort();
+    tx.commit().await?;
+    Ok(changed)
 }
 
 /// Deletes finished messages older than `older_than` (delivered ones; dead ones too with

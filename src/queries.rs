@@ -287,7 +287,13 @@ FROM (VALUES
                   'outbox.messages_delivered_idx'::regclass),
     ('dead',      (SELECT count(*) FROM (SELECT 1 FROM outbox.messages WHERE state = 'dead'
                                          ORDER BY dead_at LIMIT $1) x),
-                  'outbox.messages_dead_idx'::regclass)
+                  'outbox.messages_dead_idx'::regclass),
+    ('held',      (SELECT count(*) FROM (SELECT 1 FROM outbox.messages WHERE state = 'held'
+                                         ORDER BY created_at, id LIMIT $1) x),
+                  'outbox.messages_held_idx'::regclass),
+    ('cancelled', (SELECT count(*) FROM (SELECT 1 FROM outbox.messages WHERE state = 'cancelled'
+                                         ORDER BY cancelled_at LIMIT $1) x),
+                  'outbox.messages_cancelled_idx'::regclass)
 ) AS s(state, n, idx)
 "#;
 
@@ -309,17 +315,17 @@ SELECT coalesce(extract(epoch FROM now()) - extract(epoch FROM least(
 "#;
 
 /// Enqueue one message; the rules are those of `outbox.enqueue_row` (see
-/// `sql/0001_outbox.sql`). Returns `id, created`.
+/// `sql/0001_outbox.sql` and `sql/0009`); `$7` held. Returns `id, created`.
 pub const ENQUEUE: &str = r#"
 SELECT id, created FROM outbox.enqueue_row($1::text, $2::text, $3::jsonb,
-    coalesce($4::timestamptz, now()), $5::int, $6::bool)
+    coalesce($4::timestamptz, now()), $5::int, $6::bool, $7::bool)
 "#;
 
 /// Enqueue many messages in one statement, all or nothing; the rules are those of
 /// `outbox.enqueue_many`. Returns `id, created` per message, in input order.
 pub const ENQUEUE_MANY: &str = r#"
 SELECT id, created FROM outbox.enqueue_many($1::text[], $2::text[], $3::jsonb[],
-    $4::timestamptz[], $5::int[], $6::bool[])
+    $4::timestamptz[], $5::int[], $6::bool[], $7::bool[])
 "#;
 
 /// Migrations: the lock that serialises concurrent `outboxd migrate` runs (a session-level
@@ -383,8 +389,40 @@ WHERE id = ANY($1::bigint[]) OR message_key = ANY($2::text[])
 pub const SHOW_MESSAGE: &str = r#"
 SELECT id, message_key, channel, state, attempts, max_attempts, retry_ambiguous, payload,
        run_after, lease_owner, lease_expires_at, error_class, last_error, response,
-       created_at, updated_at, delivered_at, dead_at
+       created_at, updated_at, delivered_at, dead_at, cancelled_at
 FROM outbox.messages WHERE id = $1
+"#;
+
+/// Held messages, oldest first, filtered: `$1` channel or NULL, `$2` "held within the last
+/// N seconds" (by `created_at`) or NULL, `$3` limit. Reads `messages_held_idx`.
+pub const HELD_LIST: &str = r#"
+SELECT id, message_key, channel, created_at
+FROM outbox.messages
+WHERE state = 'held'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::float8 IS NULL OR created_at >= now() - make_interval(secs => $2::float8))
+ORDER BY created_at, id
+LIMIT $3
+"#;
+
+/// Approve held messages (`$1` ids, `$2` actor) through `outbox.approve`: all or nothing.
+pub const APPROVE: &str = "SELECT id, message_key FROM outbox.approve($1::bigint[], $2::text)";
+
+/// Cancel messages (`$1` ids, `$2` reason or NULL, `$3` actor) through `outbox.cancel`: all
+/// or nothing; the function checks the reason.
+pub const CANCEL: &str =
+    "SELECT id, message_key FROM outbox.cancel($1::bigint[], $2::text, $3::text)";
+
+/// Confirm dead ambiguous messages (`$1` ids, `$2` actor) through `outbox.confirm`: all or
+/// nothing.
+pub const CONFIRM: &str = "SELECT id, message_key FROM outbox.confirm($1::bigint[], $2::text)";
+
+/// What is known of one message by its key (`$1`), without its payload, through
+/// `outbox.lookup` (callable by the application role): no row for an unknown key.
+pub const LOOKUP: &str = r#"
+SELECT id, state, attempts, max_attempts, error_class, last_error, response, created_at,
+       updated_at, delivered_at, dead_at, cancelled_at
+FROM outbox.lookup($1::text)
 "#;
 
 /// The history of a message (`$1`), oldest first.

@@ -19,6 +19,10 @@ pub struct Counts {
     pub delivered: i64,
     /// Given up on.
     pub dead: i64,
+    /// Waiting for a person's approval (never claimed until then).
+    pub held: i64,
+    /// Withdrawn by an operator: final.
+    pub cancelled: i64,
 }
 
 impl Counts {
@@ -29,6 +33,8 @@ impl Counts {
             State::Running => self.running,
             State::Delivered => self.delivered,
             State::Dead => self.dead,
+            State::Held => self.held,
+            State::Cancelled => self.cancelled,
         }
     }
 
@@ -38,6 +44,8 @@ impl Counts {
             State::Running => self.running += n,
             State::Delivered => self.delivered += n,
             State::Dead => self.dead += n,
+            State::Held => self.held += n,
+            State::Cancelled => self.cancelled += n,
         }
     }
 }

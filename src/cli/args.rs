@@ -35,6 +35,14 @@ pub enum Command {
     Show(ShowArgs),
     /// Move dead messages back to pending, with the same key (all or nothing).
     Replay(ReplayArgs),
+    /// List held messages (waiting for approval), oldest first.
+    Held(HeldArgs),
+    /// Approve held messages: held → pending, due at their run_after (all or nothing).
+    Approve(TargetsArgs),
+    /// Cancel held, pending or dead messages: never sent (again) (all or nothing).
+    Cancel(CancelArgs),
+    /// Confirm dead messages of class ambiguous that took effect: → delivered (all or nothing).
+    Confirm(TargetsArgs),
     /// Delete finished messages older than a given age, in batches.
     Purge(PurgeArgs),
 }
@@ -107,6 +115,42 @@ pub struct ReplayArgs {
     /// Say what would be replayed, change nothing.
     #[arg(long, env = "OUTBOXD_DRY_RUN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub dry_run: bool,
+}
+
+/// `outboxd held`.
+#[derive(Debug, Args)]
+pub struct HeldArgs {
+    /// Only this channel (webhook or email).
+    #[arg(long, env = "OUTBOXD_CHANNEL", value_parser = parse_channel)]
+    pub channel: Option<Channel>,
+    /// Only those enqueued within this long (e.g. 1h).
+    #[arg(long, env = "OUTBOXD_SINCE", value_parser = parse_duration, value_name = "DURATION")]
+    pub since: Option<Duration>,
+    /// Most rows to list.
+    #[arg(long, env = "OUTBOXD_LIMIT", default_value_t = 50)]
+    pub limit: i64,
+    /// Print JSON (an array).
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub json: bool,
+}
+
+/// `outboxd approve` and `outboxd confirm`: the messages to act on.
+#[derive(Debug, Args)]
+pub struct TargetsArgs {
+    /// Message ids (digits only) or keys.
+    #[arg(value_name = "ID|KEY", required = true)]
+    pub targets: Vec<String>,
+}
+
+/// `outboxd cancel`.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// Message ids (digits only) or keys.
+    #[arg(value_name = "ID|KEY", required = true)]
+    pub targets: Vec<String>,
+    /// Why, for the history (one line, at most 500 characters).
+    #[arg(long, env = "OUTBOXD_REASON", value_name = "TEXT")]
+    pub reason: Option<String>,
 }
 
 /// `outboxd purge`.
@@ -208,6 +252,9 @@ pub struct EnqueueArgs {
     /// Never retry an attempt whose outcome is unknown.
     #[arg(long, env = "OUTBOXD_NO_RETRY_AMBIGUOUS", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub no_retry_ambiguous: bool,
+    /// Hold it for a person's approval (`outboxd approve`); not sent until then.
+    #[arg(long, env = "OUTBOXD_HELD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub held: bool,
 }
 
 /// `outboxd status`.

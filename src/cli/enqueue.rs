@@ -22,7 +22,8 @@ pub(super) async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError
         .map_err(|e| ConfigError(format!("--payload is not valid JSON: {e}")))?;
     let mut msg = NewMessage::new(args.key.clone(), channel, payload)
         .max_attempts(args.max_attempts)
-        .retry_ambiguous(!args.no_retry_ambiguous);
+        .retry_ambiguous(!args.no_retry_ambiguous)
+        .held(args.held);
     if let Some(at) = args.run_after {
         msg = msg.run_after(at);
     }

@@ -1,4 +1,5 @@
-//! The command line: `outboxd migrate | run | enqueue | status | dead | show | replay | purge`.
+//! The command line: `outboxd migrate | run | enqueue | status | dead | held | show | replay |
+//! approve | cancel | confirm | purge`.
 //!
 //! [`dispatch`] is what `main` calls. The clap definitions are in `args`, the daemon in
 //! `run`, `enqueue` in its namesake, the operator commands in `ops`; settings are assembled
@@ -29,8 +30,8 @@ mod ops;
 mod run;
 
 pub use args::{
-    Cli, Command, DeadArgs, DeadFilterArgs, EnqueueArgs, PurgeArgs, ReplayArgs, RunArgs, ShowArgs,
-    StatusArgs,
+    CancelArgs, Cli, Command, DeadArgs, DeadFilterArgs, EnqueueArgs, HeldArgs, PurgeArgs,
+    ReplayArgs, RunArgs, ShowArgs, StatusArgs, TargetsArgs,
 };
 pub use run::worker_settings;
 
@@ -67,7 +68,7 @@ impl Env {
         }
     }
 
-    fn database(&self) -> Result<tokio_postgres::Config, ConfigError> {
+    fn database(&self) -> Result<crate::db::Database, ConfigError> {
         let url = self.database_url.as_deref().ok_or_else(|| {
             ConfigError("DATABASE_URL is not set (e.g. postgres://user@localhost/app)".into())
         })?;
@@ -118,6 +119,19 @@ pub async fn dispatch(cli: Cli, env: Env) -> Result<(), CliError> {
         Command::Dead(args) => ops::dead(args, &env).await,
         Command::Show(args) => ops::show(args, &env).await,
         Command::Replay(args) => ops::replay(args, &env).await,
+        Command::Held(args) => ops::held(args, &env).await,
+        Command::Approve(args) => {
+            ops::checkpoint(crate::ops::Checkpoint::Approve, &args.targets, &env).await
+        }
+        Command::Cancel(args) => {
+            let action = crate::ops::Checkpoint::Cancel {
+                reason: args.reason,
+            };
+            ops::checkpoint(action, &args.targets, &env).await
+        }
+        Command::Confirm(args) => {
+            ops::checkpoint(crate::ops::Checkpoint::Confirm, &args.targets, &env).await
+        }
         Command::Purge(args) => ops::purge(args, &env).await,
     }
 }

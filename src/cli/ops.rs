@@ -1,11 +1,23 @@
-//! The operator commands: `migrate`, `status`, `dead`, `show`, `replay`, `purge`.
+//! The operator commands: `migrate`, `status`, `dead`, `held`, `show`, `replay`, `approve`,
+//! `cancel`, `confirm`, `purge`.
 
 use super::{
-    CliError, DeadArgs, Env, PurgeArgs, ReplayArgs, ShowArgs, StatusArgs, connect, db_failed, esc,
-    json_out, print_table, runtime,
+    CliError, DeadArgs, Env, HeldArgs, PurgeArgs, ReplayArgs, ShowArgs, StatusArgs, connect,
+    db_failed, esc, json_out, print_table, runtime,
 };
 use crate::model::ConfigError;
-use crate::ops::{AttemptRecord, MessageDetail, ReplayError, ReplaySelection, Target};
+use crate::ops::{
+    AttemptRecord, Checkpoint, CheckpointError, HeldFilter, MessageDetail, ReplayError,
+    ReplaySelection, Target,
+};
+
+/// Who an operator action is recorded as (`attempts.worker`): `cli:<login>`.
+fn operator() -> String {
+    format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "operator".into())
+    )
+}
 
 pub(super) async fn migrate(env: &Env) -> Result<(), CliError> {
     let mut client = connect(env).await?;
@@ -141,6 +153,9 @@ fn print_message(detail: &MessageDetail) {
     if let Some(t) = &detail.dead_at {
         out!("  dead_at      {t}");
     }
+    if let Some(t) = &detail.cancelled_at {
+        out!("  cancelled_at {t}");
+    }
     if detail.error_class.is_some() {
         out!(
             "  error        {}: {}",
@@ -214,10 +229,7 @@ pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> 
         ReplaySelection::Named(args.targets.iter().map(|t| Target::parse(t)).collect())
     };
     let mut client = connect(env).await?;
-    let actor = format!(
-        "cli:{}",
-        std::env::var("USER").unwrap_or_else(|_| "operator".into())
-    );
+    let actor = operator();
     let replayed = crate::ops::replay(&mut client, &selection, &actor, args.dry_run)
         .await
         .map_err(|e| match e {
@@ -244,6 +256,74 @@ pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> 
         out!("replayed {} message(s)", replayed.len());
     }
     Ok(())
+}
+
+pub(super) async fn held(args: HeldArgs, env: &Env) -> Result<(), CliError> {
+    if args.limit < 1 {
+        return Err(ConfigError("--limit must be at least 1".into()).into());
+    }
+    let client = connect(env).await?;
+    let filter = HeldFilter {
+        channel: args.channel,
+        since: args.since,
+    };
+    let rows = crate::ops::held(&client, &filter, args.limit)
+        .await
+        .map_err(|e| db_failed("listing held messages failed", &e))?;
+    if args.json {
+        return json_out(&rows);
+    }
+    if rows.is_empty() {
+        out!("no held messages");
+        return Ok(());
+    }
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|h| {
+            vec![
+                h.id.to_string(),
+                esc(&h.message_key),
+                esc(&h.channel),
+                h.created_at.clone(),
+            ]
+        })
+        .collect();
+    print_table(&["id", "key", "channel", "created_at"], &table);
+    Ok(())
+}
+
+/// `approve`, `cancel` and `confirm`: like `replay`, all or nothing; a refused row is
+/// named and nothing changes (exit 1); a bad reason is bad usage (exit 2).
+pub(super) async fn checkpoint(
+    action: Checkpoint,
+    targets: &[String],
+    env: &Env,
+) -> Result<(), CliError> {
+    let targets: Vec<Target> = targets.iter().map(|t| Target::parse(t)).collect();
+    let mut client = connect(env).await?;
+    let changed = crate::ops::checkpoint(&mut client, &action, &targets, &operator())
+        .await
+        .map_err(|e| match e {
+            CheckpointError::Database(e) => db_failed(&format!("{} failed", verb(&action)), &e),
+            CheckpointError::Invalid(m) => CliError::Usage(ConfigError(esc(&m))),
+            e @ CheckpointError::Empty(_) => CliError::Usage(ConfigError(e.to_string())),
+            // The database's message quotes keys, which rows stored before sql/0007 may
+            // hold with control characters.
+            refused => CliError::Refused(esc(&refused.to_string())),
+        })?;
+    for (id, key) in &changed {
+        out!("{} {id} {}", action.done(), esc(key));
+    }
+    out!("{} {} message(s)", action.done(), changed.len());
+    Ok(())
+}
+
+fn verb(action: &Checkpoint) -> &'static str {
+    match action {
+        Checkpoint::Approve => "approve",
+        Checkpoint::Cancel { .. } => "cancel",
+        Checkpoint::Confirm => "confirm",
+    }
 }
 
 pub(super) async fn purge(args: PurgeArgs, env: &Env) -> Result<(), CliError> {

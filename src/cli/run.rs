@@ -52,7 +52,7 @@ pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
     let (worker_cfg, webhook_cfg, email_cfg) = worker_settings(&args, env)?;
     let pg = env.database()?;
     // Connections: claims, completions, and the odd status query; LISTEN has its own.
-    let pool = crate::db::pool(pg.clone(), 4)?;
+    let pool = crate::db::pool(&pg, 4)?;
     if let Some(addr) = args.metrics_addr {
         let handle = crate::metrics::install()?;
         crate::metrics::serve(addr, pool.clone(), handle).await?;

@@ -132,7 +132,13 @@ pub(super) fn log_attempts(
             AttemptOutcome::Retry => summary.retried += 1,
             AttemptOutcome::Dead => summary.dead += 1,
             AttemptOutcome::LeaseLost => summary.lease_lost += 1,
-            AttemptOutcome::Released | AttemptOutcome::Replayed => {}
+            // Written by operators, never by a completion. (A `reconciled` completion is a
+            // delivery: the lookup found the earlier attempt had taken effect.)
+            AttemptOutcome::Released
+            | AttemptOutcome::Replayed
+            | AttemptOutcome::Approved
+            | AttemptOutcome::Cancelled
+            | AttemptOutcome::Confirmed => {}
         }
         let class = c.transition.error_class().map(ErrorClass::as_str);
         let attempt = format_args!("{}/{}", c.attempt, l.max_attempts);

@@ -103,7 +103,7 @@ struct Shared {
 /// A worker: a pool, settings, and the channels it delivers on.
 pub struct Worker {
     shared: Arc<Shared>,
-    listen: Option<tokio_postgres::Config>,
+    listen: Option<crate::db::Database>,
 }
 
 impl Worker {
@@ -113,7 +113,7 @@ impl Worker {
         pool: Pool,
         cfg: WorkerConfig,
         deliverers: Deliverers,
-        listen: Option<tokio_postgres::Config>,
+        listen: Option<crate::db::Database>,
     ) -> Self {
         let listen = if cfg.listen { listen } else { None };
         Worker {

@@ -22,13 +22,13 @@ use crate::queries;
 /// worker claims again whenever a slot frees and needs no notification, and notifying
 /// transactions cannot share a WAL flush at commit.
 pub(super) async fn listen(
-    pg: tokio_postgres::Config,
+    db: crate::db::Database,
     shared: Arc<Shared>,
     mut idle: watch::Receiver<bool>,
 ) {
     let mut backoff = Backoff::new();
     loop {
-        match pg.connect(tokio_postgres::NoTls).await {
+        match db.config().connect(db.tls()).await {
             Ok((client, mut conn)) => {
                 let (tx, mut rx) = mpsc::unbounded_channel::<()>();
                 let driver = tokio::spawn(async move {

@@ -174,6 +174,21 @@ async fn metrics_health_and_json_logs() {
     );
     wait_for_state(&db, "m:1", "delivered", Duration::from_secs(15)).await;
     wait_for_state(&db, "m:2", "delivered", Duration::from_secs(15)).await;
+    // A held and a cancelled message (never claimed, so the daemon leaves them be).
+    let c = db.client().await;
+    for key in ["m:held", "m:cancelled"] {
+        outboxd::enqueue(
+            &c,
+            &outboxd::NewMessage::webhook(key, serde_json::json!({"url": rx.url("/h")})).held(true),
+        )
+        .await
+        .unwrap();
+    }
+    c.batch_execute(
+        "SELECT outbox.cancel(ARRAY(SELECT id FROM outbox.messages WHERE message_key = 'm:cancelled'))",
+    )
+    .await
+    .unwrap();
 
     let (status, body) = http_get(&addr, "/healthz").await.expect("healthz answers");
     assert_eq!(status, 200, "{body}");
@@ -214,6 +229,13 @@ async fn metrics_health_and_json_logs() {
         Some(0.0),
         "{text}"
     );
+    for state in ["held", "cancelled"] {
+        assert_eq!(
+            value(&format!("outboxd_messages{{state=\"{state}\"}}")),
+            Some(1.0),
+            "{text}"
+        );
+    }
     assert_eq!(
         value("outboxd_messages_estimated{state=\"delivered\"}"),
         Some(0.0),

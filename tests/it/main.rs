@@ -8,14 +8,17 @@
 mod common;
 
 mod bad_input;
+mod checkpoints;
 mod cli;
 mod cli_bad_args;
 mod daemon;
 mod email;
 mod enqueue;
+mod failover;
 mod hostile_sql;
 mod leases;
 mod ops;
+mod pg_tls;
 mod privileges;
 mod properties;
 mod reconcile;

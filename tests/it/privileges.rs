@@ -180,7 +180,8 @@ async fn the_worker_role_runs_the_daemon_and_the_operator_commands() {
     enqueue_webhook(&db, "w:1", &rx.url("/h"), 3, true).await;
     enqueue_webhook(&db, "w:2", &rx.url("/h"), 3, true).await;
 
-    let pool = outboxd::db::pool(worker.clone(), 2).unwrap();
+    let worker = outboxd::db::Database::from_config(worker.clone()).unwrap();
+    let pool = outboxd::db::pool(&worker, 2).unwrap();
     let deliverers = outboxd::deliver::Deliverers {
         webhook: outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
         email: None,
@@ -212,7 +213,7 @@ async fn the_worker_role_runs_the_daemon_and_the_operator_commands() {
     })
     .await;
     // The operator commands work with the same role.
-    let mut wc = connect(&worker).await;
+    let mut wc = connect(worker.config()).await;
     let dead = outboxd::ops::dead_letters(&wc, &outboxd::ops::DeadFilter::default(), 10)
         .await
         .unwrap();
@@ -263,4 +264,203 @@ async fn the_worker_role_runs_the_daemon_and_the_operator_commands() {
         .await
         .unwrap_err();
     assert_eq!(err.code().map(|c| c.code()), Some("42501"));
+}
+
+/// The application role enqueues held rows (every path) and looks up what became of a key,
+/// in every state, without any right on the table; only the worker (operator) role
+/// approves, cancels and confirms.
+#[tokio::test]
+async fn the_application_role_enqueues_held_rows_and_looks_keys_up() {
+    use outboxd::{ErrorClass, State};
+    let db = TestDb::new().await;
+    let (_roles, app, worker) = setup(&db).await;
+    let app_c = connect(&app).await;
+    let url = serde_json::json!({"url": "https://example.com/h"});
+    outboxd::enqueue(
+        &app_c,
+        &outboxd::NewMessage::webhook("l:held", url.clone()).held(true),
+    )
+    .await
+    .unwrap();
+    app_c
+        .execute(
+            "INSERT INTO outbox.messages (message_key, channel, payload, state) VALUES ('l:insert', 'webhook', $1, 'held')",
+            &[&url],
+        )
+        .await
+        .unwrap();
+    app_c
+        .query_one(
+            "SELECT outbox.enqueue('l:sql', 'webhook', $1, held => true)",
+            &[&url],
+        )
+        .await
+        .unwrap();
+    app_c
+        .query(
+            "SELECT * FROM outbox.enqueue_many(ARRAY['l:many'], ARRAY['webhook'], ARRAY[$1::jsonb], held => ARRAY[true])",
+            &[&url],
+        )
+        .await
+        .unwrap();
+    for key in [
+        "l:pending",
+        "l:running",
+        "l:delivered",
+        "l:dead",
+        "l:cancelled",
+        "l:confirmed",
+    ] {
+        outboxd::enqueue(&app_c, &outboxd::NewMessage::webhook(key, url.clone()))
+            .await
+            .unwrap();
+    }
+    let held: i64 = db
+        .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'held'")
+        .await;
+    assert_eq!(held, 4);
+
+    // The operator's commands are not the application's.
+    let id: i64 = db
+        .scalar("SELECT id FROM outbox.messages WHERE message_key = 'l:held'")
+        .await;
+    for sql in [
+        format!("SELECT * FROM outbox.approve(ARRAY[{id}::bigint])"),
+        format!("SELECT * FROM outbox.cancel(ARRAY[{id}::bigint])"),
+        format!("SELECT * FROM outbox.cancel(ARRAY[{id}::bigint], 'x', 'me')"),
+        format!("SELECT * FROM outbox.confirm(ARRAY[{id}::bigint])"),
+        format!("SELECT outbox.lock_named(ARRAY[{id}::bigint], 'x')"),
+        "SELECT cancelled_at FROM outbox.messages".into(),
+        "INSERT INTO outbox.messages (message_key, channel, payload, state, cancelled_at) VALUES ('x', 'webhook', '{\"url\": \"u\"}', 'held', now())".into(),
+    ] {
+        let err = app_c.batch_execute(&sql).await.expect_err(&sql);
+        assert!(denied(&err), "{sql}: {err}");
+    }
+
+    // The operator role moves the rows into every state.
+    let mut wc = connect(&worker).await;
+    let c = db.client().await;
+    c.batch_execute(
+        "UPDATE outbox.messages SET state = 'running', attempts = 1, lease_owner = 'w', \
+         lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour' WHERE message_key = 'l:running'; \
+         UPDATE outbox.messages SET state = 'delivered', attempts = 1, delivered_at = now(), \
+         response = '{\"status\": 201, \"body\": {\"refund\": \"re_1\"}}' WHERE message_key = 'l:delivered'; \
+         UPDATE outbox.messages SET state = 'dead', attempts = 3, dead_at = now(), error_class = 'exhausted', \
+         last_error = 'HTTP 503 from example.com' WHERE message_key = 'l:dead'; \
+         UPDATE outbox.messages SET state = 'dead', attempts = 1, dead_at = now(), error_class = 'ambiguous', \
+         last_error = 'timed out' WHERE message_key = 'l:confirmed';",
+    )
+    .await
+    .unwrap();
+    for (action, key) in [
+        (outboxd::ops::Checkpoint::Approve, "l:insert"),
+        (
+            outboxd::ops::Checkpoint::Cancel {
+                reason: Some("no longer wanted".into()),
+            },
+            "l:cancelled",
+        ),
+        (outboxd::ops::Checkpoint::Confirm, "l:confirmed"),
+    ] {
+        let done = outboxd::ops::checkpoint(
+            &mut wc,
+            &action,
+            &[outboxd::ops::Target::Key(key.into())],
+            "ops",
+        )
+        .await
+        .unwrap();
+        assert_eq!(done.len(), 1, "{key}");
+    }
+
+    // lookup, from the application role: every state, typed; no payload anywhere.
+    let expect = [
+        ("l:held", State::Held, None),
+        ("l:insert", State::Pending, None),
+        ("l:pending", State::Pending, None),
+        ("l:running", State::Running, None),
+        ("l:delivered", State::Delivered, None),
+        ("l:dead", State::Dead, Some(ErrorClass::Exhausted)),
+        ("l:cancelled", State::Cancelled, None),
+        ("l:confirmed", State::Delivered, None),
+    ];
+    for (key, state, class) in expect {
+        let s = outboxd::lookup(&app_c, key)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{key} found"));
+        assert_eq!(s.state, state, "{key}");
+        assert_eq!(s.error_class, class, "{key}");
+        assert_eq!(s.max_attempts, 3, "{key}");
+        assert_eq!(s.delivered_at.is_some(), state == State::Delivered, "{key}");
+        assert_eq!(s.dead_at.is_some(), state == State::Dead, "{key}");
+        assert_eq!(s.cancelled_at.is_some(), state == State::Cancelled, "{key}");
+        assert!(s.updated_at >= s.created_at, "{key}");
+    }
+    let d = outboxd::lookup(&app_c, "l:delivered")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.attempts, 1);
+    assert_eq!(
+        d.response,
+        Some(serde_json::json!({"status": 201, "body": {"refund": "re_1"}}))
+    );
+    let dead = outboxd::lookup(&app_c, "l:dead").await.unwrap().unwrap();
+    assert_eq!(
+        dead.last_error.as_deref(),
+        Some("HTTP 503 from example.com")
+    );
+    let confirmed = outboxd::lookup(&app_c, "l:confirmed")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        confirmed.response,
+        Some(serde_json::json!({"confirmed": true}))
+    );
+    // An unknown key is no row; SQL says the same, and returns no payload column.
+    assert!(outboxd::lookup(&app_c, "l:nope").await.unwrap().is_none());
+    let rows = app_c
+        .query("SELECT * FROM outbox.lookup('l:held')", &[])
+        .await
+        .unwrap();
+    let cols: Vec<&str> = rows[0].columns().iter().map(|c| c.name()).collect();
+    assert_eq!(
+        cols,
+        [
+            "id",
+            "state",
+            "attempts",
+            "max_attempts",
+            "error_class",
+            "last_error",
+            "response",
+            "created_at",
+            "updated_at",
+            "delivered_at",
+            "dead_at",
+            "cancelled_at"
+        ]
+    );
+    // Keys no enqueue could store: a typed, one-line error.
+    for key in [
+        "",
+        "a\u{1b}[31mb",
+        "a\nb",
+        "a\u{202e}b",
+        "a\0b",
+        &"k".repeat(256),
+    ] {
+        match outboxd::lookup(&app_c, key).await {
+            Err(outboxd::LookupError::Invalid { message }) => {
+                assert!(message.contains("message_key"), "{key:?}: {message}");
+                assert!(
+                    !message.contains('\n') && !message.contains('\u{1b}'),
+                    "{message}"
+                );
+            }
+            other => panic!("{key:?}: {other:?}"),
+        }
+    }
 }

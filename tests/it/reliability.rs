@@ -333,7 +333,8 @@ async fn terminated_database_connections_lose_nothing() {
     enqueue_bulk(&db, "term", &rx.url("/h"), N).await;
     let mut pg = db.pg.clone();
     pg.application_name("outboxd-victim");
-    let pool = outboxd::db::pool(pg.clone(), 4).unwrap();
+    let pg = outboxd::db::Database::from_config(pg).unwrap();
+    let pool = outboxd::db::pool(&pg, 4).unwrap();
     let deliverers = outboxd::deliver::Deliverers {
         // A timeout that fits in the short lease with the margin an attempt needs to start.
         webhook: outboxd::deliver::webhook::WebhookSender::new(

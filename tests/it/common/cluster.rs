@@ -76,6 +76,147 @@ impl Cluster {
     pub fn start_again(&self) {
         assert!(self.pg_ctl(&["-w", "start"]), "pg_ctl start");
     }
+
+    /// The cluster's own directory (the data directory is `data/` inside it).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// Hands a file the test wrote in the cluster's directory to the server's user, with
+    /// `mode` (a private key must be 0600 and the server's own).
+    pub fn give(&self, path: &std::path::Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        if self.as_postgres {
+            let ok = Command::new("chown")
+                .arg("postgres")
+                .arg(path)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "chown {}", path.display());
+        }
+    }
+
+    /// Appends `conf` to postgresql.conf, replaces pg_hba.conf with `hba`, and restarts.
+    pub fn reconfigure(&self, conf: &str, hba: &str) {
+        use std::io::Write;
+        let data = self.dir.join("data");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .unwrap();
+        writeln!(f, "{conf}").unwrap();
+        std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+        self.stop();
+        if !self.pg_ctl(&["-w", "start"]) {
+            let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+            panic!("pg_ctl start after reconfigure:\n{log}");
+        }
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|tail| tail.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap()
+    }
+}
+
+impl Cluster {
+    /// A streaming standby of `primary` on a port of its own: `pg_basebackup -R` (which
+    /// writes `primary_conninfo` and `standby.signal`), then started (blocking).
+    pub fn standby_of(primary: &Cluster) -> Cluster {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("outboxd-standby.{}.{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let standby = Cluster {
+            url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            dir: dir.clone(),
+            bin: primary.bin.clone(),
+            as_postgres: primary.as_postgres,
+        };
+        if standby.as_postgres {
+            standby.give(&dir, 0o755);
+        }
+        let data = dir.join("data");
+        let mut cmd = standby.as_server_user(&standby.bin.join("pg_basebackup"));
+        cmd.arg("-D")
+            .arg(&data)
+            .args([
+                "-R",
+                "-X",
+                "stream",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-p",
+            ])
+            .arg(primary.port().to_string());
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "pg_basebackup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The copied configuration names the primary's port and socket directory; later
+        // lines win.
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("postgresql.conf"))
+                .unwrap();
+            writeln!(
+                f,
+                "port = {port}\nunix_socket_directories = '{}'",
+                dir.display()
+            )
+            .unwrap();
+        }
+        assert!(standby.pg_ctl(&["-w", "start"]), "standby start");
+        standby
+    }
+
+    /// Promotes a standby to primary and waits until it accepts writes.
+    pub fn promote(&self) {
+        assert!(self.pg_ctl(&["-w", "promote"]), "pg_ctl promote");
+    }
+
+    fn as_server_user(&self, program: &std::path::Path) -> Command {
+        if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(program);
+            c
+        } else {
+            Command::new(program)
+        }
+    }
+}
+
+/// A port below the ephemeral range that nothing listens on (as scripts/throwaway-pg picks).
+fn free_port() -> u16 {
+    for _ in 0..200 {
+        let p = 15432 + (std::process::id() as u16 % 2000) + rand_offset();
+        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no free port");
+}
+
+fn rand_offset() -> u16 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    (SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        % 2000) as u16
 }
 
 impl Drop for Cluster {

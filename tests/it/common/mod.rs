@@ -86,9 +86,14 @@ impl TestDb {
         connect(&self.pg).await
     }
 
+    /// This database as the worker connects to it (TLS as `sslmode=prefer` gives it).
+    pub fn database(&self) -> outboxd::db::Database {
+        outboxd::db::Database::from_config(self.pg.clone()).expect("database settings")
+    }
+
     /// A pool on this database.
     pub fn pool(&self, size: usize) -> deadpool_postgres::Pool {
-        outboxd::db::pool(self.pg.clone(), size).expect("pool")
+        outboxd::db::pool(&self.database(), size).expect("pool")
     }
 
     /// Reads one value.
@@ -285,7 +290,7 @@ impl RunningWorker {
             webhook: WebhookSender::new(&webhook).expect("webhook sender"),
             email: email.map(|e| EmailSender::new(&e).expect("email sender")),
         };
-        let worker = Worker::new(pool, cfg, deliverers, Some(db.pg.clone()));
+        let worker = Worker::new(pool, cfg, deliverers, Some(db.database()));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let handle = tokio::spawn(async move {
             worker

@@ -1,20 +1,74 @@
-//! Connections: the worker's pool, and single connections for the CLI and LISTEN.
-//!
-//! TLS to PostgreSQL is not supported yet (NoTls): run the worker next to its database or
-//! over a trusted network.
+//! Connections: the worker's pool, and single connections for the CLI and LISTEN, every
+//! one of them through the TLS settings of `DATABASE_URL` ([`tls`]).
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::model::ConfigError;
 
-/// Parses `DATABASE_URL` (a `postgres://` URL or a libpq key=value string).
-pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, ConfigError> {
-    let mut cfg = tokio_postgres::Config::from_str(url)
+pub mod tls;
+
+pub use tls::SslMode;
+
+/// Where the database is and how to reach it: tokio-postgres's settings and the TLS
+/// connector `sslmode` asks for. Every connection the binary opens is made from one.
+#[derive(Clone)]
+pub struct Database {
+    config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
+}
+
+impl Database {
+    /// The connection settings (host, user, …, and whether TLS is asked for).
+    pub fn config(&self) -> &tokio_postgres::Config {
+        &self.config
+    }
+
+    /// The TLS connector for [`tokio_postgres::Config::connect`].
+    pub fn tls(&self) -> MakeRustlsConnect {
+        self.tls.clone()
+    }
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // tokio_postgres::Config's Debug redacts the password.
+        f.debug_struct("Database")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Database {
+    /// Settings built in code: `sslmode` as the config says (disable, prefer or require),
+    /// with no certificate checked, as libpq does without a CA.
+    pub fn from_config(config: tokio_postgres::Config) -> Result<Database, ConfigError> {
+        let mode = match config.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Disable => SslMode::Disable,
+            tokio_postgres::config::SslMode::Require => SslMode::Require,
+            _ => SslMode::Prefer,
+        };
+        let opts = tls::TlsOptions {
+            mode,
+            ..tls::TlsOptions::default()
+        };
+        let (tls, _) = tls::connector(&opts)?;
+        Ok(Database { config, tls })
+    }
+}
+
+/// Parses `DATABASE_URL` (a `postgres://` URL or a libpq key=value string), its TLS
+/// options included; every certificate file is read now.
+pub fn parse_url(url: &str) -> Result<Database, ConfigError> {
+    let (rest, opts) = tls::split(url)?;
+    let (tls, wire) = tls::connector(&opts)?;
+    let mut cfg = tokio_postgres::Config::from_str(&rest)
         .map_err(|e| ConfigError(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}")))?;
+    cfg.ssl_mode(wire);
     if cfg.get_application_name().is_none() {
         cfg.application_name("outboxd");
     }
@@ -30,16 +84,16 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, ConfigError> {
     cfg.keepalives_interval(Duration::from_secs(10));
     cfg.keepalives_retries(3);
     cfg.tcp_user_timeout(Duration::from_secs(30));
-    Ok(cfg)
+    Ok(Database { config: cfg, tls })
 }
 
 /// A pool of `size` connections. Broken connections (a database restart) are dropped on
 /// return and replaced on the next checkout, which is how the worker reconnects. Each new
 /// connection runs [`crate::queries::SESSION_SETUP`] first.
-pub fn pool(cfg: tokio_postgres::Config, size: usize) -> Result<Pool, ConfigError> {
+pub fn pool(db: &Database, size: usize) -> Result<Pool, ConfigError> {
     let mgr = Manager::from_config(
-        cfg,
-        NoTls,
+        db.config.clone(),
+        db.tls.clone(),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -63,8 +117,8 @@ pub fn pool(cfg: tokio_postgres::Config, size: usize) -> Result<Pool, ConfigErro
 }
 
 /// One connection, its driver spawned on the runtime.
-pub async fn connect(cfg: &tokio_postgres::Config) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = cfg.connect(NoTls).await?;
+pub async fn connect(db: &Database) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = db.config.connect(db.tls.clone()).await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "database connection closed");
