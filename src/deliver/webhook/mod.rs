@@ -49,12 +49,12 @@ fn host_of(url: &url::Url) -> String {
 }
 
 /// One attempt's request, checked, with the identity every request of the attempt carries.
-struct Prepared {
+struct Prepared<'a> {
     req: Request,
     /// The message key as a header value.
     key: HeaderValue,
     /// The message key.
-    msg_key: String,
+    msg_key: &'a str,
     /// `webhook-timestamp`: one for the attempt, lookup and request alike.
     timestamp: u64,
 }
@@ -138,7 +138,7 @@ impl WebhookSender {
 
     /// Checks the payload and both destinations as far as can be done without a request:
     /// a bad URL, scheme or literal address is `invalid` before anything is sent.
-    fn prepare(&self, msg: Outgoing<'_>) -> Result<Prepared, DeliveryError> {
+    fn prepare<'a>(&self, msg: Outgoing<'a>) -> Result<Prepared<'a>, DeliveryError> {
         let req = parse_payload(msg.payload)?;
         self.check_literal_host(&req.url, "")?;
         if let Some(url) = &req.reconcile {
@@ -157,7 +157,7 @@ impl WebhookSender {
         Ok(Prepared {
             req,
             key,
-            msg_key: msg.key.to_owned(),
+            msg_key: msg.key,
             timestamp,
         })
     }
@@ -178,14 +178,18 @@ impl WebhookSender {
         Some(DeliveryError::invalid(format!("reconcile.url: {blocked}")))
     }
 
-    /// The application's headers and the message's identity, signed over `body`.
-    fn identity_headers(&self, p: &Prepared, body: &[u8]) -> reqwest::header::HeaderMap {
-        let mut headers = p.req.headers.clone();
+    /// `headers` (the application's) with the message's identity, signed over `body`.
+    fn identity_headers(
+        &self,
+        mut headers: reqwest::header::HeaderMap,
+        p: &Prepared<'_>,
+        body: &[u8],
+    ) -> reqwest::header::HeaderMap {
         headers.insert("idempotency-key", p.key.clone());
         headers.insert("webhook-id", p.key.clone());
         headers.insert("webhook-timestamp", HeaderValue::from(p.timestamp));
         if let Some(signing_key) = &self.signing_key {
-            let sig = sign(signing_key, &p.msg_key, p.timestamp, body);
+            let sig = sign(signing_key, p.msg_key, p.timestamp, body);
             if let Ok(v) = HeaderValue::from_str(&sig) {
                 headers.insert("webhook-signature", v);
             }
@@ -194,7 +198,11 @@ impl WebhookSender {
     }
 
     /// Sends the request itself, within what is left of the attempt's timeout.
-    async fn request(&self, p: Prepared, deadline: Instant) -> Result<Delivered, DeliveryError> {
+    async fn request(
+        &self,
+        mut p: Prepared<'_>,
+        deadline: Instant,
+    ) -> Result<Delivered, DeliveryError> {
         let host = host_of(&p.req.url);
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -205,7 +213,9 @@ impl WebhookSender {
                 format!("no time left to send to {host} after the reconciliation lookup"),
             ));
         }
-        let mut headers = self.identity_headers(&p, &p.req.body);
+        // The request is the last use of the payload's headers: moved, not copied.
+        let app_headers = std::mem::take(&mut p.req.headers);
+        let mut headers = self.identity_headers(app_headers, &p, &p.req.body);
         headers.insert(
             reqwest::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),

@@ -99,7 +99,7 @@ impl WebhookSender {
     /// the original request is to be sent now ([`Next::Send`]), the attempt's result.
     pub(super) async fn reconcile(
         &self,
-        p: &Prepared,
+        p: &Prepared<'_>,
         url: &url::Url,
         deadline: Instant,
     ) -> (Lookup, Option<Result<Delivered, DeliveryError>>) {
@@ -108,7 +108,7 @@ impl WebhookSender {
         let sent = self
             .client
             .get(url.clone())
-            .headers(self.identity_headers(p, b""))
+            .headers(self.identity_headers(p.req.headers.clone(), p, b""))
             .timeout(deadline.saturating_duration_since(t0))
             .send()
             .await;
