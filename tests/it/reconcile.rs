@@ -648,3 +648,31 @@ async fn the_lookup_is_its_own_log_step_and_no_path_query_or_header_value_is_kep
         }
     }
 }
+
+#[tokio::test]
+async fn an_encoded_line_break_in_the_reconcile_url_injects_nothing() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Stall(STALL), Reply::Status(200)]);
+    let key = "rec:crlf";
+    let hostile = rx.url("/l%0d%0aX-Injected:%201?q=%0D%0AX-Other:%202");
+    enqueue(
+        &db,
+        key,
+        json!({"url": rx.url("/hook"), "reconcile": {"url": hostile}}),
+        3,
+        true,
+    )
+    .await;
+    let w = RunningWorker::start(&db, test_worker_config("w"), short_timeout());
+    let row = wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    assert_eq!(row.response.unwrap()["reconciled"], json!(true));
+    let get = &rx.requests_with("GET")[0];
+    assert!(get.header("x-injected").is_none() && get.header("x-other").is_none());
+    assert_eq!(
+        get.uri.path(),
+        "/l%0d%0aX-Injected:%201",
+        "sent as written, encoded"
+    );
+}
