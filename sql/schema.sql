@@ -1,4 +1,4 @@
--- outboxd: the live schema after every migration of sql/ (0001 … 0009), in one file.
+-- outboxd: the live schema after every migration of sql/ (0001 … 0010), in one file.
 -- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
 -- only the numbered files). tests/schema.rs loads it into an empty database and compares
 -- the catalog with a migrated one; after a new migration, regenerate it with
@@ -562,6 +562,19 @@ $$;
 
 
 --
+-- Name: on_lease_expiry(boolean, integer, integer, boolean); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.on_lease_expiry(retry_ambiguous boolean, attempts integer, max_attempts integer, reconcile boolean) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT CASE WHEN (retry_ambiguous OR coalesce(reconcile, false)) AND attempts < max_attempts
+                THEN 'pending' ELSE 'dead' END
+$$;
+
+
+--
 -- Name: purge(interval, boolean, integer); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -594,6 +607,19 @@ BEGIN
     SELECT count(*) INTO v_deleted FROM gone;
     RETURN v_deleted;
 END
+$$;
+
+
+--
+-- Name: reconcilable(text, jsonb); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.reconcilable(channel text, payload jsonb) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT channel = 'webhook'
+       AND jsonb_typeof(payload -> 'reconcile' -> 'url') IS NOT DISTINCT FROM 'string'
 $$;
 
 

@@ -44,6 +44,9 @@ pub struct Claimed {
     /// The class the previous attempt left on the row (`ambiguous` after a timeout, a lost
     /// connection or an expired lease), `None` before the first attempt or after a replay.
     pub previous_class: Option<ErrorClass>,
+    /// The payload names a reconciliation lookup (a webhook's `reconcile.url`,
+    /// `outbox.reconcilable`): after an ambiguous attempt the next one asks first.
+    pub reconcile: bool,
 }
 
 /// A row picked by the claim whose previous lease had expired and that may not be sent
@@ -230,6 +233,7 @@ fn claim_batch(rows: Vec<tokio_postgres::Row>) -> ClaimBatch {
             retry_ambiguous: row.get("retry_ambiguous"),
             lease_token: row.get("lease_token"),
             previous_class: previous_class.and_then(ErrorClass::parse),
+            reconcile: row.get("reconcile"),
         });
     }
     batch

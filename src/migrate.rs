@@ -80,6 +80,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "human_checkpoints",
         sql: include_str!("../sql/0009_human_checkpoints.sql"),
     },
+    Migration {
+        version: 10,
+        name: "reconcile",
+        sql: include_str!("../sql/0010_reconcile.sql"),
+    },
 ];
 
 /// Why migrating failed.

@@ -34,8 +34,10 @@ pub const HEALTH_CHECK: &str = "SELECT 1";
 ///
 /// A `running` row whose lease expired (its worker died or stalled) is an attempt whose
 /// outcome is unknown: an ambiguous failure, recorded as such in the history, and settled by
-/// `decide`'s rule for one, which `outbox.on_lease_expiry` states (`sql/0008`):
-/// * `dead` (the message does not allow ambiguous retries, or that was its last attempt):
+/// `decide`'s rule for one, which `outbox.on_lease_expiry` states (`sql/0008`; since
+/// `sql/0010` with the fact `outbox.reconcilable`, whether the payload names a lookup):
+/// * `dead` (the message neither allows ambiguous retries nor names a lookup, or that was
+///   its last attempt):
 ///   dead-lettered here, class `ambiguous`, history outcome `dead`, returned with
 ///   `action = 'gave_up'`;
 /// * `pending`: it waits the retry backoff `decide` would have applied, counted from the
@@ -48,8 +50,9 @@ pub const HEALTH_CHECK: &str = "SELECT 1";
 /// Returns one row per claimed or settled message: `id, message_key, channel, attempts (the
 /// number of this attempt, or of the one whose lease expired), max_attempts, action (`run`,
 /// `gave_up`, `deferred`)`, and for `run` rows `payload` (text), `retry_ambiguous`,
-/// `lease_token` and `error_class` (the class the previous attempt left, as the row holds
-/// it); for `deferred` rows `retry_in` (seconds).
+/// `lease_token`, `error_class` (the class the previous attempt left, as the row holds
+/// it) and `reconcile` (the payload names a lookup: the attempt after an ambiguous one asks
+/// first); for `deferred` rows `retry_in` (seconds).
 ///
 /// Shape: ids reach each `UPDATE` as an array (`id = ANY(ARRAY(...))`), so it is an index
 /// scan on the primary key whatever the table holds. (Joining an `UPDATE` to a CTE of
@@ -71,7 +74,8 @@ WITH expired AS (
         last_error = 'lease expired while running: the attempt may have taken effect',
         dead_at = now(), updated_at = now()
     WHERE m.id = ANY(ARRAY(SELECT id FROM expired))
-      AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'dead'
+      AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
+                                 outbox.reconcilable(m.channel, m.payload)) = 'dead'
     RETURNING m.id, m.message_key, m.channel, m.attempts, m.max_attempts
 ), deferred AS (
     UPDATE outbox.messages m SET
@@ -83,7 +87,8 @@ WITH expired AS (
         last_error = 'lease expired while running: the attempt may have taken effect',
         updated_at = now()
     WHERE m.id = ANY(ARRAY(SELECT id FROM expired))
-      AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts) = 'pending'
+      AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
+                                 outbox.reconcilable(m.channel, m.payload)) = 'pending'
     RETURNING m.id, m.message_key, m.channel, m.attempts, m.max_attempts,
               greatest(extract(epoch FROM m.run_after - now()), 0)::float8 AS retry_in
 ), lost AS (
@@ -109,18 +114,19 @@ WITH expired AS (
         updated_at = now()
     WHERE m.id = ANY(ARRAY(SELECT id FROM due))
     RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts,
-              m.max_attempts, m.retry_ambiguous, m.lease_token, m.error_class
+              m.max_attempts, m.retry_ambiguous, m.lease_token, m.error_class,
+              outbox.reconcilable(m.channel, m.payload) AS reconcile
 )
 SELECT id, message_key, channel, payload, attempts, max_attempts, retry_ambiguous,
-       lease_token, error_class, NULL::float8 AS retry_in, 'run' AS action
+       lease_token, error_class, reconcile, NULL::float8 AS retry_in, 'run' AS action
 FROM claimed
 UNION ALL
 SELECT id, message_key, channel, NULL, attempts, max_attempts, NULL, NULL, 'ambiguous',
-       NULL, 'gave_up'
+       NULL, NULL, 'gave_up'
 FROM given_up
 UNION ALL
 SELECT id, message_key, channel, NULL, attempts, max_attempts, NULL, NULL, 'ambiguous',
-       retry_in, 'deferred'
+       NULL, retry_in, 'deferred'
 FROM deferred
 "#;
 

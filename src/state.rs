@@ -11,11 +11,36 @@ use std::time::Duration;
 use crate::model::ErrorClass;
 use crate::retry::RetryPolicy;
 
+/// How an attempt ended, as [`decide`] takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The provider accepted the request.
+    Delivered,
+    /// A reconciliation lookup found that an earlier, ambiguous attempt took effect; the
+    /// request was not sent again.
+    Reconciled,
+    /// It failed, with this class.
+    Failed(ErrorClass),
+}
+
+/// `None` is a delivery and `Some(class)` a failure: the form most callers have at hand.
+impl From<Option<ErrorClass>> for Ended {
+    fn from(failure: Option<ErrorClass>) -> Self {
+        match failure {
+            None => Ended::Delivered,
+            Some(class) => Ended::Failed(class),
+        }
+    }
+}
+
 /// What the worker writes after an attempt: the next state and why.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Transition {
     /// `running → delivered`.
     Delivered,
+    /// `running → delivered`, found by a reconciliation lookup (history outcome
+    /// `reconciled`): the effect of an earlier attempt was confirmed by the provider.
+    Reconciled,
     /// `running → pending`, due again after `delay`. `class` is the failure that caused it.
     Retry {
         /// Why the attempt failed (`transient` or `ambiguous`).
@@ -35,7 +60,7 @@ impl Transition {
     /// The state this transition leads to.
     pub fn next_state(&self) -> State {
         match self {
-            Transition::Delivered => State::Delivered,
+            Transition::Delivered | Transition::Reconciled => State::Delivered,
             Transition::Retry { .. } => State::Pending,
             Transition::Dead { .. } => State::Dead,
         }
@@ -45,6 +70,7 @@ impl Transition {
     pub fn outcome(&self) -> AttemptOutcome {
         match self {
             Transition::Delivered => AttemptOutcome::Delivered,
+            Transition::Reconciled => AttemptOutcome::Reconciled,
             Transition::Retry { .. } => AttemptOutcome::Retry,
             Transition::Dead { .. } => AttemptOutcome::Dead,
         }
@@ -53,7 +79,7 @@ impl Transition {
     /// The error class stored on the message, if the attempt failed.
     pub fn error_class(&self) -> Option<ErrorClass> {
         match self {
-            Transition::Delivered => None,
+            Transition::Delivered | Transition::Reconciled => None,
             Transition::Retry { class, .. } | Transition::Dead { class } => Some(*class),
         }
     }
@@ -68,27 +94,39 @@ pub struct Budget {
     pub max_attempts: i32,
     /// May an attempt whose outcome is unknown be sent again?
     pub retry_ambiguous: bool,
+    /// Does the message name a lookup (a webhook's `reconcile.url`)? Then an ambiguous
+    /// outcome can be settled by asking the provider, which is safe to repeat: the next
+    /// attempt asks first and sends again only if the provider says the request never
+    /// took effect. So an ambiguous failure with budget left goes on to that attempt even
+    /// when `retry_ambiguous` is false.
+    pub reconcile: bool,
 }
 
-/// Maps the class of an attempt's failure (`None` when it was delivered) to the next state.
+/// Maps how an attempt ended ([`Ended`], or the class of its failure: `None` when it was
+/// delivered) to the next state.
 ///
+/// * delivered: `delivered`; reconciled (a lookup found an earlier attempt took effect):
+///   `delivered`, history outcome `reconciled`;
 /// * transient: retried while the budget lasts, then `dead` with class `exhausted`;
-/// * ambiguous: retried like transient only when the message allows it; on the last attempt,
-///   or when it does not, `dead` with class `ambiguous`, because a person must find out
+/// * ambiguous: retried like transient only when the message allows it, or when it names a
+///   lookup (`reconcile`: the next attempt asks before it sends); on the last attempt, or
+///   when neither holds, `dead` with class `ambiguous`, because a person must find out
 ///   whether it took effect before replaying it;
 /// * permanent and invalid: `dead` at once.
 ///
 /// `retry_after` is the provider's own wish (HTTP `Retry-After`), honoured up to the
 /// policy's maximum; `jitter` is a sample in `[0, 1)` (passed in so this stays pure).
 pub fn decide(
-    failure: Option<ErrorClass>,
+    ended: impl Into<Ended>,
     budget: Budget,
     policy: &RetryPolicy,
     retry_after: Option<Duration>,
     jitter: f64,
 ) -> Transition {
-    let Some(class) = failure else {
-        return Transition::Delivered;
+    let class = match ended.into() {
+        Ended::Delivered => return Transition::Delivered,
+        Ended::Reconciled => return Transition::Reconciled,
+        Ended::Failed(class) => class,
     };
     let budget_left = budget.attempt < budget.max_attempts;
     let delay = || policy.delay(budget.attempt, retry_after, jitter);
@@ -100,10 +138,12 @@ pub fn decide(
         ErrorClass::Transient => Transition::Dead {
             class: ErrorClass::Exhausted,
         },
-        ErrorClass::Ambiguous if budget_left && budget.retry_ambiguous => Transition::Retry {
-            class,
-            delay: delay(),
-        },
+        ErrorClass::Ambiguous if budget_left && (budget.retry_ambiguous || budget.reconcile) => {
+            Transition::Retry {
+                class,
+                delay: delay(),
+            }
+        }
         ErrorClass::Ambiguous => Transition::Dead {
             class: ErrorClass::Ambiguous,
         },
@@ -129,6 +169,14 @@ mod tests {
             attempt,
             max_attempts,
             retry_ambiguous,
+            reconcile: false,
+        }
+    }
+
+    fn reconciling(attempt: i32, max_attempts: i32, retry_ambiguous: bool) -> Budget {
+        Budget {
+            reconcile: true,
+            ..budget(attempt, max_attempts, retry_ambiguous)
         }
     }
 
@@ -141,30 +189,53 @@ mod tests {
             delay: Duration::from_secs(5),
         };
         let dead = |class| Transition::Dead { class };
-        let cases: &[(Option<ErrorClass>, Budget, Transition)] = &[
-            (None, budget(1, 3, true), Transition::Delivered),
-            (None, budget(3, 3, false), Transition::Delivered),
-            (Some(Transient), budget(1, 3, true), retry(Transient)),
+        let failed = |c| Ended::Failed(c);
+        let cases: &[(Ended, Budget, Transition)] = &[
+            (Ended::Delivered, budget(1, 3, true), Transition::Delivered),
+            (Ended::Delivered, budget(3, 3, false), Transition::Delivered),
             (
-                Some(Transient),
+                Ended::Reconciled,
+                reconciling(2, 3, false),
+                Transition::Reconciled,
+            ),
+            (
+                Ended::Reconciled,
+                reconciling(3, 3, true),
+                Transition::Reconciled,
+            ),
+            (failed(Transient), budget(1, 3, true), retry(Transient)),
+            (
+                failed(Transient),
                 budget(2, 3, false),
                 Transition::Retry {
                     class: Transient,
                     delay: Duration::from_secs(10),
                 },
             ),
-            (Some(Transient), budget(3, 3, true), dead(Exhausted)),
-            (Some(Transient), budget(1, 1, true), dead(Exhausted)),
-            (Some(Ambiguous), budget(1, 3, true), retry(Ambiguous)),
-            (Some(Ambiguous), budget(1, 3, false), dead(Ambiguous)),
-            (Some(Ambiguous), budget(3, 3, true), dead(Ambiguous)),
-            (Some(Permanent), budget(1, 3, true), dead(Permanent)),
-            (Some(Invalid), budget(1, 3, true), dead(Invalid)),
-            (Some(Exhausted), budget(1, 3, true), dead(Exhausted)),
+            (failed(Transient), budget(3, 3, true), dead(Exhausted)),
+            (failed(Transient), budget(1, 1, true), dead(Exhausted)),
+            (failed(Ambiguous), budget(1, 3, true), retry(Ambiguous)),
+            (failed(Ambiguous), budget(1, 3, false), dead(Ambiguous)),
+            (failed(Ambiguous), budget(3, 3, true), dead(Ambiguous)),
+            // A lookup settles an ambiguous outcome: another attempt (which asks first) even
+            // without retry_ambiguous, but never past the budget.
+            (
+                failed(Ambiguous),
+                reconciling(1, 3, false),
+                retry(Ambiguous),
+            ),
+            (failed(Ambiguous), reconciling(1, 3, true), retry(Ambiguous)),
+            (failed(Ambiguous), reconciling(3, 3, false), dead(Ambiguous)),
+            (failed(Ambiguous), reconciling(1, 1, true), dead(Ambiguous)),
+            (failed(Transient), reconciling(3, 3, false), dead(Exhausted)),
+            (failed(Permanent), reconciling(1, 3, false), dead(Permanent)),
+            (failed(Permanent), budget(1, 3, true), dead(Permanent)),
+            (failed(Invalid), budget(1, 3, true), dead(Invalid)),
+            (failed(Exhausted), budget(1, 3, true), dead(Exhausted)),
         ];
-        for (failure, budget, want) in cases {
-            let got = decide(*failure, *budget, &policy(), None, 0.0);
-            assert_eq!(got, *want, "{failure:?} at {budget:?}");
+        for (ended, budget, want) in cases {
+            let got = decide(*ended, *budget, &policy(), None, 0.0);
+            assert_eq!(got, *want, "{ended:?} at {budget:?}");
             assert_eq!(got.next_state(), want.next_state());
         }
     }
@@ -184,6 +255,9 @@ mod tests {
         };
         assert_eq!(dead.outcome(), AttemptOutcome::Dead);
         assert_eq!(dead.error_class(), Some(ErrorClass::Permanent));
+        assert_eq!(Transition::Reconciled.next_state(), State::Delivered);
+        assert_eq!(Transition::Reconciled.outcome(), AttemptOutcome::Reconciled);
+        assert_eq!(Transition::Reconciled.error_class(), None);
     }
 
     #[test]

@@ -221,16 +221,36 @@ impl GuardedResolver {
     }
 }
 
+/// Looks `host` up (the stand-in, else the system resolver).
+async fn look_up(lookup: Option<Lookup>, host: &str) -> std::io::Result<Vec<SocketAddr>> {
+    match lookup {
+        Some(f) => f(host),
+        None => Ok(tokio::net::lookup_host((host, 0)).await?.collect()),
+    }
+}
+
+impl GuardedResolver {
+    /// Refuses early a host that a connection would refuse: resolves it now and applies the
+    /// guard. `Some` when every address it has is refused; `None` when some may be used, or
+    /// when it does not resolve now (then nothing is known, and the connection that uses it
+    /// later is checked again, at that moment: this early look is a courtesy, not the
+    /// boundary).
+    pub async fn refuses(&self, host: &str) -> Option<BlockedDestination> {
+        if self.guard.host_exempt(host) {
+            return None;
+        }
+        let addrs = look_up(self.lookup.clone(), host).await.ok()?;
+        self.guard.filter(host, addrs.into_iter()).err()
+    }
+}
+
 impl reqwest::dns::Resolve for GuardedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let guard = self.guard.clone();
         let lookup = self.lookup.clone();
         Box::pin(async move {
             let host = name.as_str().to_owned();
-            let addrs: Vec<SocketAddr> = match lookup {
-                Some(f) => f(&host)?,
-                None => tokio::net::lookup_host((host.as_str(), 0)).await?.collect(),
-            };
+            let addrs = look_up(lookup, &host).await?;
             let kept = guard.filter(&host, addrs.into_iter())?;
             Ok(Box::new(kept.into_iter()) as reqwest::dns::Addrs)
         })

@@ -21,8 +21,42 @@ pub struct Delivered {
     pub status: Option<i32>,
     /// The provider said it had already seen this key (`Idempotent-Replayed: true`).
     pub deduplicated: bool,
-    /// A summary for the `response` column (status, message id, replayed flag); never a body.
+    /// A summary for the `response` column (status, message id, replayed flag, and for a
+    /// webhook `reconciled`; the body only when the payload asks `store_response`).
     pub response: serde_json::Value,
+}
+
+/// What one attempt did: its result, and the reconciliation lookup it made first, if any
+/// (webhooks only; the worker logs it as a step of its own).
+#[derive(Debug)]
+pub struct Attempted {
+    /// Delivered (by the request, or by a lookup that found the earlier attempt had taken
+    /// effect: then `lookup` says [`Verdict::Happened`](webhook::reconcile::Verdict)), or
+    /// why not.
+    pub result: Result<Delivered, DeliveryError>,
+    /// The lookup, when one was made.
+    pub lookup: Option<webhook::reconcile::Lookup>,
+}
+
+impl Attempted {
+    /// Did a lookup settle the attempt as delivered (the request was not sent)?
+    pub fn reconciled(&self) -> bool {
+        self.result.is_ok()
+            && self
+                .lookup
+                .as_ref()
+                .is_some_and(|l| l.verdict == webhook::reconcile::Verdict::Happened)
+    }
+}
+
+/// An attempt that made no lookup.
+impl From<Result<Delivered, DeliveryError>> for Attempted {
+    fn from(result: Result<Delivered, DeliveryError>) -> Self {
+        Attempted {
+            result,
+            lookup: None,
+        }
+    }
 }
 
 /// A failed attempt, classed where it happened.
@@ -82,6 +116,10 @@ pub struct Outgoing<'a> {
     pub key: &'a str,
     /// The payload, as jsonb's text form.
     pub payload: &'a str,
+    /// The class the previous attempt ended with, as the claim found it on the row
+    /// (`ambiguous` after a timeout or an expired lease): a webhook with a `reconcile` URL
+    /// asks before it sends again.
+    pub previous: Option<ErrorClass>,
 }
 
 /// The channels a worker can deliver on.
@@ -143,11 +181,11 @@ pub enum Ready<'a> {
 
 impl Ready<'_> {
     /// Makes the attempt; its timeout starts now.
-    pub async fn send(self, msg: Outgoing<'_>) -> Result<Delivered, DeliveryError> {
+    pub async fn send(self, msg: Outgoing<'_>) -> Attempted {
         match self {
             Ready::Webhook(sender) => sender.send(msg).await,
-            Ready::Email(sender, slot) => sender.send(slot, msg).await,
-            Ready::Refused(e) => Err(e),
+            Ready::Email(sender, slot) => sender.send(slot, msg).await.into(),
+            Ready::Refused(e) => Err(e).into(),
         }
     }
 }

@@ -13,9 +13,10 @@ use uuid::Uuid;
 use super::Shared;
 use super::lane::{InLane, Lane};
 use crate::claim::{Claimed, Completion};
+use crate::deliver::webhook::reconcile::Lookup;
 use crate::deliver::{Outgoing, Ready};
 use crate::model::{Channel, ErrorClass};
-use crate::state::{Budget, decide};
+use crate::state::{Budget, Ended, decide};
 
 /// What a delivery task hands to the completer.
 pub(super) enum Done {
@@ -96,25 +97,41 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
     }
     let started_at = SystemTime::now();
     let t0 = Instant::now();
-    let result = ready
+    let attempted = ready
         .send(Outgoing {
             key: &msg.key,
             payload: &msg.payload,
+            previous: msg.previous_class,
         })
         .await;
     let duration = t0.elapsed();
+    if let Some(lookup) = &attempted.lookup {
+        log_lookup(&msg, lookup);
+    }
     let budget = Budget {
         attempt: msg.attempt,
         max_attempts: msg.max_attempts,
         retry_ambiguous: msg.retry_ambiguous,
+        reconcile: msg.reconcile,
     };
     let jitter: f64 = rand::random();
-    let completion = match result {
+    let reconciled = attempted.reconciled();
+    let completion = match attempted.result {
         Ok(ok) => Completion {
             id: msg.id,
             lease_token: msg.lease_token,
             attempt: msg.attempt,
-            transition: decide(None, budget, &shared.cfg.retry, None, jitter),
+            transition: decide(
+                if reconciled {
+                    Ended::Reconciled
+                } else {
+                    Ended::Delivered
+                },
+                budget,
+                &shared.cfg.retry,
+                None,
+                jitter,
+            ),
             error: None,
             status: ok.status,
             deduplicated: ok.deduplicated,
@@ -158,4 +175,21 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
         duration,
     };
     Done::Completed(completion, log)
+}
+
+/// The reconciliation lookup, logged as a step of its own before the attempt's event: the
+/// host and the verdict, never the URL's path or query, nor a header.
+fn log_lookup(msg: &Claimed, lookup: &Lookup) {
+    tracing::info!(
+        message_id = msg.id,
+        key = %crate::text::Escaped(&msg.key),
+        channel = %msg.channel,
+        attempt = %format_args!("{}/{}", msg.attempt, msg.max_attempts),
+        step = "reconcile",
+        host = %crate::text::Escaped(&lookup.host),
+        verdict = lookup.verdict.as_str(),
+        status = lookup.status,
+        duration_ms = lookup.duration.as_millis() as u64,
+        "reconciliation lookup"
+    );
 }

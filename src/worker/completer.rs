@@ -128,29 +128,30 @@ pub(super) fn log_attempts(
             .unwrap_or(AttemptOutcome::LeaseLost);
         crate::metrics::attempt(l.channel, outcome, l.duration);
         match outcome {
-            AttemptOutcome::Delivered => summary.delivered += 1,
+            AttemptOutcome::Delivered | AttemptOutcome::Reconciled => summary.delivered += 1,
             AttemptOutcome::Retry => summary.retried += 1,
             AttemptOutcome::Dead => summary.dead += 1,
             AttemptOutcome::LeaseLost => summary.lease_lost += 1,
-            // Written by operators (or, for `reconciled`, counted where it is decided), never
-            // by a completion.
+            // Written by operators, never by a completion. (A `reconciled` completion is a
+            // delivery: the lookup found the earlier attempt had taken effect.)
             AttemptOutcome::Released
             | AttemptOutcome::Replayed
             | AttemptOutcome::Approved
             | AttemptOutcome::Cancelled
-            | AttemptOutcome::Confirmed
-            | AttemptOutcome::Reconciled => {}
+            | AttemptOutcome::Confirmed => {}
         }
         let class = c.transition.error_class().map(ErrorClass::as_str);
         let attempt = format_args!("{}/{}", c.attempt, l.max_attempts);
         let duration_ms = l.duration.as_millis() as u64;
         match outcome {
-            AttemptOutcome::Delivered | AttemptOutcome::Retry => tracing::info!(
-                message_id = c.id, key = %crate::text::Escaped(&l.key), channel = %l.channel, attempt = %attempt,
-                outcome = outcome.as_str(), error_class = class, status = c.status,
-                duration_ms, deduplicated = c.deduplicated, error = c.error.as_deref(),
-                "attempt finished"
-            ),
+            AttemptOutcome::Delivered | AttemptOutcome::Reconciled | AttemptOutcome::Retry => {
+                tracing::info!(
+                    message_id = c.id, key = %crate::text::Escaped(&l.key), channel = %l.channel, attempt = %attempt,
+                    outcome = outcome.as_str(), error_class = class, status = c.status,
+                    duration_ms, deduplicated = c.deduplicated, error = c.error.as_deref(),
+                    "attempt finished"
+                )
+            }
             _ => tracing::warn!(
                 message_id = c.id, key = %crate::text::Escaped(&l.key), channel = %l.channel, attempt = %attempt,
                 outcome = outcome.as_str(), error_class = class, status = c.status,

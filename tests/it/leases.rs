@@ -646,6 +646,7 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
                     attempt: attempts,
                     max_attempts,
                     retry_ambiguous,
+                    reconcile: false,
                 };
                 let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
                 let got: String = client
@@ -663,24 +664,56 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             }
         }
     }
+    // The overload with the reconcile fact (sql/0010), which the claim asks: a message that
+    // names a lookup goes on to another attempt (which asks first) without retry_ambiguous.
+    for retry_ambiguous in [false, true] {
+        for reconcile in [false, true] {
+            for max_attempts in 1..=4 {
+                for attempts in 1..=max_attempts + 1 {
+                    let budget = Budget {
+                        attempt: attempts,
+                        max_attempts,
+                        retry_ambiguous,
+                        reconcile,
+                    };
+                    let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
+                    let got: String = client
+                        .query_one(
+                            "SELECT outbox.on_lease_expiry($1, $2, $3, $4)",
+                            &[&retry_ambiguous, &attempts, &max_attempts, &reconcile],
+                        )
+                        .await
+                        .unwrap()
+                        .get(0);
+                    assert_eq!(got, want.next_state().as_str(), "{budget:?}");
+                }
+            }
+        }
+    }
     // And the claim writes what the rule says, for each kind of expired row.
     // A retried one is due at its lease's expiry plus the delay decide gives, within the
     // jitter (the expiry is pinned to a past instant, so the difference is exact).
+    let plain = r#"{"url": "https://example.com/"}"#;
+    let reconciling =
+        r#"{"url": "https://example.com/", "reconcile": {"url": "https://example.com/l"}}"#;
     let cases = [
-        (true, 1, 3),
-        (false, 1, 3),
-        (true, 3, 3),
-        (true, 2, 3),
-        (true, 4, 6),
-        (true, 20, 30),
+        (true, 1, 3, plain),
+        (false, 1, 3, plain),
+        (true, 3, 3, plain),
+        (true, 2, 3, plain),
+        (true, 4, 6, plain),
+        (true, 20, 30, plain),
+        (false, 1, 3, reconciling),
+        (false, 3, 3, reconciling),
+        (true, 2, 3, reconciling),
     ];
-    for (i, (retry_ambiguous, attempts, max_attempts)) in cases.iter().enumerate() {
+    for (i, (retry_ambiguous, attempts, max_attempts, payload)) in cases.iter().enumerate() {
         let key = format!("expiry-{i}");
         client
             .execute(
                 "INSERT INTO outbox.messages (message_key, channel, payload, max_attempts, retry_ambiguous)
-                 VALUES ($1, 'webhook', '{\"url\": \"https://example.com/\"}', $2, $3)",
-                &[&key, max_attempts, retry_ambiguous],
+                 VALUES ($1, 'webhook', $4::text::jsonb, $2, $3)",
+                &[&key, max_attempts, retry_ambiguous, payload],
             )
             .await
             .unwrap();
@@ -708,6 +741,7 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             attempt: *attempts,
             max_attempts: *max_attempts,
             retry_ambiguous: *retry_ambiguous,
+            reconcile: *payload == reconciling,
         };
         let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
         match want {
@@ -742,7 +776,41 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
                     .await
                     .unwrap();
             }
-            Transition::Delivered => panic!("{budget:?}"),
+            Transition::Delivered | Transition::Reconciled => panic!("{budget:?}"),
         }
+    }
+    // Once due, the claim tells the worker the previous attempt was ambiguous and whether
+    // the payload names a lookup (the reconciling rows above were delivered by hand; one
+    // more of each kind, due now).
+    for (i, payload) in [plain, reconciling].iter().enumerate() {
+        let key = format!("due-after-expiry-{i}");
+        client
+            .execute(
+                "INSERT INTO outbox.messages (message_key, channel, payload)
+                 VALUES ($1, 'webhook', $2::text::jsonb)",
+                &[&key, payload],
+            )
+            .await
+            .unwrap();
+        client
+            .execute(
+                "UPDATE outbox.messages SET attempts = 1, error_class = 'ambiguous' WHERE message_key = $1",
+                &[&key],
+            )
+            .await
+            .unwrap();
+        let batch = claim::claim(
+            &client,
+            &[Channel::Webhook],
+            10,
+            "w3",
+            Duration::from_secs(60),
+            &policy,
+        )
+        .await
+        .unwrap();
+        assert_eq!(batch.claimed.len(), 1, "{key}");
+        assert_eq!(batch.claimed[0].previous_class, Some(ErrorClass::Ambiguous));
+        assert_eq!(batch.claimed[0].reconcile, *payload == reconciling, "{key}");
     }
 }

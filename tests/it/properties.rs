@@ -485,11 +485,12 @@ proptest! {
         attempt in -2i32..25,
         max_attempts in 1i32..20,
         retry_ambiguous in any::<bool>(),
+        reconcile in any::<bool>(),
         p in policy(),
         retry_after in prop::option::of((0u64..7_200_000).prop_map(Duration::from_millis)),
         jitter in 0.0f64..1.0,
     ) {
-        let budget = Budget { attempt, max_attempts, retry_ambiguous };
+        let budget = Budget { attempt, max_attempts, retry_ambiguous, reconcile };
         let t = decide(failure, budget, &p, retry_after, jitter);
         let last = attempt >= max_attempts;
 
@@ -512,7 +513,8 @@ proptest! {
                 }
             }
             Some(ErrorClass::Ambiguous) => {
-                if last || !retry_ambiguous {
+                // A reconcile URL makes the next attempt a lookup first: safe to repeat.
+                if last || !(retry_ambiguous || reconcile) {
                     prop_assert_eq!(t, Transition::Dead { class: ErrorClass::Ambiguous });
                 } else {
                     prop_assert!(matches!(t, Transition::Retry { class: ErrorClass::Ambiguous, .. }), "{t:?}");

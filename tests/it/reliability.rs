@@ -265,9 +265,10 @@ async fn receiver_faults_end_in_the_right_state_with_the_right_class() {
                 attempt: n,
                 max_attempts,
                 retry_ambiguous,
+                reconcile: false,
             };
             match decide(class_of(pick(i, n as usize)), budget, &policy, None, 0.0) {
-                Transition::Delivered => break ("delivered", None),
+                Transition::Delivered | Transition::Reconciled => break ("delivered", None),
                 Transition::Dead { class } => break ("dead", Some(class)),
                 Transition::Retry { .. } => n += 1,
             }

@@ -49,6 +49,10 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
         "0009_human_checkpoints.sql",
         "c4f910886b39eed9fed17081e5d85c9015422def0b95b076561ec95d5b18321e",
     ),
+    (
+        "0010_reconcile.sql",
+        "c517060c9fe1f108f3753e584fc4b10ab1ded6061e5cece4d04ac4cc36decef4",
+    ),
 ];
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it

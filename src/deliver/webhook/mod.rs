@@ -5,33 +5,39 @@
 //! the message key, and (when a secret is configured) a `webhook-signature` over
 //! `id.timestamp.body`. Redirects are not followed and proxies are not used: both would send
 //! the request somewhere the destination check did not look.
+//!
+//! After an ambiguous attempt, a payload with `reconcile.url` makes the next attempt a
+//! lookup first ([`reconcile`]), within the same timeout; with `store_response` the
+//! delivering response's body is kept in the summary ([`body`]), read within bounds.
 
+pub mod body;
 pub mod classify;
 pub mod payload;
+pub mod reconcile;
 pub mod settings;
 pub mod signing;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use reqwest::header::HeaderValue;
 
 use self::classify::{classify_error, parse_retry_after};
-use self::payload::parse_payload;
+use self::payload::{Request, parse_payload};
 use self::settings::WebhookConfig;
 use self::signing::sign;
 use super::guard::{Guard, GuardedResolver};
-use super::{Delivered, DeliveryError, Outgoing};
-use crate::model::ConfigError;
+use super::{Attempted, Delivered, DeliveryError, Outgoing};
+use crate::model::{ConfigError, ErrorClass};
 use crate::retry::classify_http_status;
-
-/// Most bytes of a response body read (and discarded) to keep the connection reusable.
-const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 /// Sends webhooks through one shared HTTP client (keep-alive connection pools per host).
 #[derive(Debug, Clone)]
 pub struct WebhookSender {
     client: reqwest::Client,
     guard: Guard,
+    /// The client's resolver, also asked before a request whose reconcile URL names a host
+    /// (see [`GuardedResolver::refuses`]).
+    resolver: GuardedResolver,
     signing_key: Option<Vec<u8>>,
     timeout: Duration,
 }
@@ -42,10 +48,42 @@ fn host_of(url: &url::Url) -> String {
     url.host_str().unwrap_or("?").to_owned()
 }
 
+/// One attempt's request, checked, with the identity every request of the attempt carries.
+struct Prepared<'a> {
+    req: Request,
+    /// The message key as a header value.
+    key: HeaderValue,
+    /// The message key.
+    msg_key: &'a str,
+    /// `webhook-timestamp`: one for the attempt, lookup and request alike.
+    timestamp: u64,
+}
+
+/// The status, the provider's deduplication flag and its `Retry-After` (on 429 and 503).
+fn answer_headers(response: &reqwest::Response) -> (u16, bool, Option<Duration>) {
+    let status = response.status().as_u16();
+    let deduplicated = response
+        .headers()
+        .get("idempotent-replayed")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    let retry_after = if status == 429 || status == 503 {
+        response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, SystemTime::now()))
+    } else {
+        None
+    };
+    (status, deduplicated, retry_after)
+}
+
 impl WebhookSender {
     /// Builds the shared client.
     pub fn new(cfg: &WebhookConfig) -> Result<Self, ConfigError> {
         let guard = Guard::new(cfg.destinations.clone());
+        let resolver = GuardedResolver::new(guard.clone());
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
@@ -56,92 +94,154 @@ impl WebhookSender {
             .pool_idle_timeout(Duration::from_secs(30))
             .tcp_nodelay(true)
             .user_agent(concat!("outboxd/", env!("CARGO_PKG_VERSION")))
-            .dns_resolver(GuardedResolver::new(guard.clone()))
+            .dns_resolver(resolver.clone())
             .build()
             .map_err(|e| ConfigError(format!("cannot build the HTTP client: {e}")))?;
         Ok(WebhookSender {
             client,
             guard,
+            resolver,
             signing_key: cfg.signing_key.clone(),
             timeout: cfg.timeout,
         })
     }
 
-    /// The whole-request timeout of one attempt (`--webhook-timeout`).
+    /// The whole-request timeout of one attempt (`--webhook-timeout`). It bounds the whole
+    /// attempt: a reconciliation lookup and the request after it share it.
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
-    /// Sends one attempt.
-    pub async fn send(&self, msg: Outgoing<'_>) -> Result<Delivered, DeliveryError> {
-        let req = parse_payload(msg.payload)?;
-        self.check_literal_host(&req.url)?;
-        let host = host_of(&req.url);
+    /// Sends one attempt: after an ambiguous one, with a `reconcile` URL, the lookup first
+    /// (see [`reconcile`]); then, unless the lookup settled it, the request.
+    pub async fn send(&self, msg: Outgoing<'_>) -> Attempted {
+        let deadline = Instant::now() + self.timeout;
+        let p = match self.prepare(msg) {
+            Ok(p) => p,
+            Err(e) => return Err(e).into(),
+        };
+        let mut lookup = None;
+        if let Some(url) = &p.req.reconcile {
+            if msg.previous == Some(ErrorClass::Ambiguous) {
+                let (l, settled) = self.reconcile(&p, url, deadline).await;
+                lookup = Some(l);
+                if let Some(result) = settled {
+                    return Attempted { result, lookup };
+                }
+            } else if let Some(blocked) = self.refused_early(url, deadline).await {
+                return Err(blocked).into();
+            }
+        }
+        let result = self.request(p, deadline).await;
+        Attempted { result, lookup }
+    }
 
-        let now = SystemTime::now();
-        let timestamp = now
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+    /// Checks the payload and both destinations as far as can be done without a request:
+    /// a bad URL, scheme or literal address is `invalid` before anything is sent.
+    fn prepare<'a>(&self, msg: Outgoing<'a>) -> Result<Prepared<'a>, DeliveryError> {
+        let req = parse_payload(msg.payload)?;
+        self.check_literal_host(&req.url, "")?;
+        if let Some(url) = &req.reconcile {
+            self.check_literal_host(url, "reconcile.url ")?;
+        }
         // from_bytes accepts any key without control characters (UTF-8 included).
         let key = HeaderValue::from_bytes(msg.key.as_bytes()).map_err(|_| {
             DeliveryError::invalid(
                 "the message key has control characters and cannot be sent as a header",
             )
         })?;
-        let mut headers = req.headers;
-        headers.insert(
-            reqwest::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert("idempotency-key", key.clone());
-        headers.insert("webhook-id", key);
-        headers.insert("webhook-timestamp", HeaderValue::from(timestamp));
+        let timestamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Ok(Prepared {
+            req,
+            key,
+            msg_key: msg.key,
+            timestamp,
+        })
+    }
+
+    /// A reconcile URL naming a host whose every address the guard refuses: `invalid`
+    /// before the request is sent (the lookup it would need later could never be made).
+    /// The name lookup counts against the attempt's timeout; one that does not answer in
+    /// time proves nothing, and the request goes ahead (the lookup, if ever needed, is
+    /// checked on its own connection).
+    async fn refused_early(&self, url: &url::Url, deadline: Instant) -> Option<DeliveryError> {
+        let Some(url::Host::Domain(host)) = url.host() else {
+            return None;
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let blocked = tokio::time::timeout(left, self.resolver.refuses(host))
+            .await
+            .ok()??;
+        Some(DeliveryError::invalid(format!("reconcile.url: {blocked}")))
+    }
+
+    /// `headers` (the application's) with the message's identity, signed over `body`.
+    fn identity_headers(
+        &self,
+        mut headers: reqwest::header::HeaderMap,
+        p: &Prepared<'_>,
+        body: &[u8],
+    ) -> reqwest::header::HeaderMap {
+        headers.insert("idempotency-key", p.key.clone());
+        headers.insert("webhook-id", p.key.clone());
+        headers.insert("webhook-timestamp", HeaderValue::from(p.timestamp));
         if let Some(signing_key) = &self.signing_key {
-            let sig = sign(signing_key, msg.key, timestamp, &req.body);
+            let sig = sign(signing_key, p.msg_key, p.timestamp, body);
             if let Ok(v) = HeaderValue::from_str(&sig) {
                 headers.insert("webhook-signature", v);
             }
         }
+        headers
+    }
 
+    /// Sends the request itself, within what is left of the attempt's timeout.
+    async fn request(
+        &self,
+        mut p: Prepared<'_>,
+        deadline: Instant,
+    ) -> Result<Delivered, DeliveryError> {
+        let host = host_of(&p.req.url);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            // Only after a lookup that took the whole timeout and then answered 404/410:
+            // nothing was sent, and the provider said the earlier attempt did not happen.
+            return Err(DeliveryError::new(
+                ErrorClass::Transient,
+                format!("no time left to send to {host} after the reconciliation lookup"),
+            ));
+        }
+        // The request is the last use of the payload's headers: moved, not copied.
+        let app_headers = std::mem::take(&mut p.req.headers);
+        let mut headers = self.identity_headers(app_headers, &p, &p.req.body);
+        headers.insert(
+            reqwest::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let store = p.req.store_response;
         let result = self
             .client
-            .request(req.method, req.url)
+            .request(p.req.method, p.req.url)
             .headers(headers)
-            .body(req.body)
+            .body(p.req.body)
+            .timeout(left)
             .send()
             .await;
         let mut response = match result {
             Ok(r) => r,
             Err(e) => return Err(classify_error(e, &host, self.timeout)),
         };
-
-        let status = response.status().as_u16();
-        let deduplicated = response
-            .headers()
-            .get("idempotent-replayed")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-        let retry_after = if status == 429 || status == 503 {
-            response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| parse_retry_after(v, SystemTime::now()))
+        let (status, deduplicated, retry_after) = answer_headers(&response);
+        let mut summary = serde_json::json!({ "status": status, "replayed": deduplicated });
+        let class = classify_http_status(status);
+        if store && class.is_none() {
+            body::keep(&mut response, &mut summary).await;
         } else {
-            None
-        };
-        // Read (and drop) a bounded amount of the body so the connection can be reused.
-        // A failure here does not change the outcome: the status line has answered.
-        let mut read = 0usize;
-        while read < MAX_RESPONSE_BYTES {
-            match response.chunk().await {
-                Ok(Some(chunk)) => read += chunk.len(),
-                Ok(None) | Err(_) => break,
-            }
+            body::drain(&mut response).await;
         }
-        let summary = serde_json::json!({ "status": status, "replayed": deduplicated });
-        match classify_http_status(status) {
+        match class {
             None => Ok(Delivered {
                 status: Some(i32::from(status)),
                 deduplicated,
@@ -159,7 +259,8 @@ impl WebhookSender {
     }
 
     /// A URL whose host is an IP literal never reaches the resolver: check it here.
-    fn check_literal_host(&self, url: &url::Url) -> Result<(), DeliveryError> {
+    /// `field` names the URL in the error (empty for the request's own).
+    fn check_literal_host(&self, url: &url::Url, field: &str) -> Result<(), DeliveryError> {
         let ip = match url.host() {
             Some(url::Host::Ipv4(v4)) => std::net::IpAddr::V4(v4),
             Some(url::Host::Ipv6(v6)) => std::net::IpAddr::V6(v6),
@@ -170,7 +271,7 @@ impl WebhookSender {
             Ok(())
         } else {
             Err(DeliveryError::invalid(format!(
-                "destination not allowed: {host} is a private or reserved address"
+                "destination not allowed: {field}{host} is a private or reserved address"
             )))
         }
     }

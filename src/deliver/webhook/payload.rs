@@ -1,6 +1,6 @@
-//! The webhook payload: the contract's shape (`url`, `method`, `headers`, `body`) checked
-//! and turned into a [`Request`], or refused as `invalid` with a message that names fields,
-//! never values.
+//! The webhook payload: the contract's shape (`url`, `method`, `headers`, `body`, and the
+//! optional `reconcile` lookup and `store_response` flag) checked and turned into a
+//! [`Request`], or refused as `invalid` with a message that names fields, never values.
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
@@ -27,6 +27,8 @@ struct Payload<'a> {
     headers: Option<serde_json::Value>,
     #[serde(borrow)]
     body: Option<&'a RawValue>,
+    reconcile: Option<serde_json::Value>,
+    store_response: Option<serde_json::Value>,
 }
 
 /// A payload checked and ready to send.
@@ -40,6 +42,44 @@ pub struct Request {
     pub headers: HeaderMap,
     /// The body bytes, identical on every attempt.
     pub body: Vec<u8>,
+    /// `reconcile.url`: where to ask, after an ambiguous attempt, whether it took effect.
+    pub reconcile: Option<url::Url>,
+    /// `store_response`: keep the delivering response's body in the `response` summary.
+    pub store_response: bool,
+}
+
+/// Parses a destination URL (`field` names it in errors): http or https, with a host.
+fn parse_url(field: &str, value: Option<serde_json::Value>) -> Result<url::Url, DeliveryError> {
+    let url = match value {
+        Some(serde_json::Value::String(s)) => s,
+        _ => return Err(DeliveryError::invalid(format!("{field} must be a string"))),
+    };
+    let url = url::Url::parse(&url)
+        .map_err(|e| DeliveryError::invalid(format!("{field} is not a valid URL ({e})")))?;
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(DeliveryError::invalid(format!(
+            "{field} scheme {:?} is not allowed (only http and https)",
+            url.scheme()
+        )));
+    }
+    if url.host().is_none() {
+        return Err(DeliveryError::invalid(format!("{field} has no host")));
+    }
+    Ok(url)
+}
+
+/// `reconcile`: absent or null, or an object with a string `url` (other members are
+/// ignored, so a provider's lookup can grow settings later).
+fn parse_reconcile(value: Option<serde_json::Value>) -> Result<Option<url::Url>, DeliveryError> {
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Object(mut map)) => {
+            parse_url("payload.reconcile.url", map.remove("url")).map(Some)
+        }
+        Some(_) => Err(DeliveryError::invalid(
+            "payload.reconcile must be an object with a string url",
+        )),
+    }
 }
 
 /// Checks a webhook payload (jsonb text) and turns it into a request, or says why it is
@@ -47,21 +87,7 @@ pub struct Request {
 pub fn parse_payload(payload: &str) -> Result<Request, DeliveryError> {
     let p: Payload<'_> = serde_json::from_str(payload)
         .map_err(|_| DeliveryError::invalid("payload is not a JSON object of the webhook shape"))?;
-    let url = match p.url {
-        Some(serde_json::Value::String(s)) => s,
-        _ => return Err(DeliveryError::invalid("payload.url must be a string")),
-    };
-    let url = url::Url::parse(&url)
-        .map_err(|e| DeliveryError::invalid(format!("payload.url is not a valid URL ({e})")))?;
-    if url.scheme() != "http" && url.scheme() != "https" {
-        return Err(DeliveryError::invalid(format!(
-            "payload.url scheme {:?} is not allowed (only http and https)",
-            url.scheme()
-        )));
-    }
-    if url.host().is_none() {
-        return Err(DeliveryError::invalid("payload.url has no host"));
-    }
+    let url = parse_url("payload.url", p.url)?;
     let method = match p.method {
         None | Some(serde_json::Value::Null) => reqwest::Method::POST,
         Some(serde_json::Value::String(m)) => match m.to_ascii_uppercase().as_str() {
@@ -115,6 +141,16 @@ pub fn parse_payload(payload: &str) -> Result<Request, DeliveryError> {
             ));
         }
     }
+    let reconcile = parse_reconcile(p.reconcile)?;
+    let store_response = match p.store_response {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Bool(b)) => b,
+        Some(_) => {
+            return Err(DeliveryError::invalid(
+                "payload.store_response must be a boolean",
+            ));
+        }
+    };
     let body = p
         .body
         .map(|b| b.get().as_bytes().to_vec())
@@ -124,6 +160,8 @@ pub fn parse_payload(payload: &str) -> Result<Request, DeliveryError> {
         method,
         headers,
         body,
+        reconcile,
+        store_response,
     })
 }
 
@@ -187,6 +225,42 @@ mod tests {
                 "set by the worker",
             ),
             (r#"[1]"#, "webhook shape"),
+            (
+                r#"{"url": "https://x.example", "reconcile": "https://x.example/l"}"#,
+                "payload.reconcile must be an object",
+            ),
+            (
+                r#"{"url": "https://x.example", "reconcile": ["https://x.example/l"]}"#,
+                "payload.reconcile must be an object",
+            ),
+            (
+                r#"{"url": "https://x.example", "reconcile": {}}"#,
+                "payload.reconcile.url must be a string",
+            ),
+            (
+                r#"{"url": "https://x.example", "reconcile": {"url": 7}}"#,
+                "payload.reconcile.url must be a string",
+            ),
+            (
+                r#"{"url": "https://x.example", "reconcile": {"url": "gopher://x.example/l"}}"#,
+                "payload.reconcile.url scheme",
+            ),
+            (
+                r#"{"url": "https://x.example", "reconcile": {"url": "file:///etc/passwd"}}"#,
+                "payload.reconcile.url scheme",
+            ),
+            (
+                r#"{"url": "https://x.example", "reconcile": {"url": "/relative?t=secret"}}"#,
+                "payload.reconcile.url is not a valid URL",
+            ),
+            (
+                r#"{"url": "https://x.example", "store_response": "yes"}"#,
+                "payload.store_response must be a boolean",
+            ),
+            (
+                r#"{"url": "https://x.example", "store_response": 1}"#,
+                "payload.store_response must be a boolean",
+            ),
         ] {
             let err = parse_payload(payload).expect_err(payload);
             assert_eq!(err.class, ErrorClass::Invalid, "{payload}");
@@ -196,6 +270,30 @@ mod tests {
                 "no header value in {}",
                 err.message
             );
+            assert!(!err.message.contains("secret"), "no URL in {}", err.message);
         }
+    }
+
+    #[test]
+    fn reconcile_and_store_response() {
+        let plain = parse_payload(r#"{"url": "https://x.example"}"#).expect("valid");
+        assert_eq!(plain.reconcile, None);
+        assert!(!plain.store_response);
+        let both = parse_payload(
+            r#"{"url": "https://x.example", "store_response": true,
+                "reconcile": {"url": "https://x.example/charges?key=k", "extra": 1}}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            both.reconcile.as_ref().map(url::Url::as_str),
+            Some("https://x.example/charges?key=k")
+        );
+        assert!(both.store_response);
+        let nulls = parse_payload(
+            r#"{"url": "https://x.example", "store_response": null, "reconcile": null}"#,
+        )
+        .expect("valid");
+        assert_eq!(nulls.reconcile, None);
+        assert!(!nulls.store_response);
     }
 }

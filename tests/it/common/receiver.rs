@@ -1,13 +1,15 @@
-//! An HTTP receiver on 127.0.0.1:0 that records every request and answers from a script
-//! (Svix's TestReceiver is the model): a status, extra headers, a stall, or a reset.
+//! An HTTP receiver on 127.0.0.1:0 that records every request (any method: the worker's
+//! reconciliation lookups are GETs) and answers from a script (Svix's TestReceiver is the
+//! model): a status, extra headers, a stall, a body, or a body that floods or never ends.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 
@@ -20,6 +22,13 @@ pub enum Reply {
     WithHeaders(u16, Vec<(&'static str, String)>),
     /// Wait this long, then answer 200 (used to outlast the worker's timeout).
     Stall(Duration),
+    /// A status with a body and, if given, a content type.
+    Body(u16, Option<&'static str>, Vec<u8>),
+    /// 200 and a body that never ends: a chunk every 20 ms, forever.
+    Endless,
+    /// 200 and a body of this many bytes, sent as fast as the reader takes it; the bytes
+    /// actually produced are counted ([`Receiver::streamed`]).
+    Flood(u64),
 }
 
 /// A recorded request.
@@ -54,25 +63,47 @@ struct State {
 pub struct Receiver {
     pub addr: std::net::SocketAddr,
     state: Arc<Mutex<State>>,
+    streamed: Arc<AtomicU64>,
 }
 
 impl Receiver {
     /// Starts a receiver answering 204 unless scripted otherwise.
     pub async fn start() -> Receiver {
         let state = Arc::new(Mutex::new(State::default()));
+        let streamed = Arc::new(AtomicU64::new(0));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let st = state.clone();
+        let count = streamed.clone();
         let app = axum::Router::new().fallback(
             move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
                 let st = st.clone();
-                async move { handle(st, method, uri, headers, body).await }
+                let count = count.clone();
+                async move { handle(st, count, method, uri, headers, body).await }
             },
         );
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Receiver { addr, state }
+        Receiver {
+            addr,
+            state,
+            streamed,
+        }
+    }
+
+    /// Bytes of [`Reply::Flood`] and [`Reply::Endless`] bodies produced so far (a chunk is
+    /// counted when the server hands it to the connection).
+    pub fn streamed(&self) -> u64 {
+        self.streamed.load(Ordering::SeqCst)
+    }
+
+    /// Requests with this method.
+    pub fn requests_with(&self, method: &str) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method.as_str() == method)
+            .collect()
     }
 
     /// `http://127.0.0.1:PORT{path}`.
@@ -121,6 +152,7 @@ impl Receiver {
 
 async fn handle(
     st: Arc<Mutex<State>>,
+    streamed: Arc<AtomicU64>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -152,6 +184,44 @@ async fn handle(
         Reply::Stall(d) => {
             tokio::time::sleep(d).await;
             StatusCode::OK.into_response()
+        }
+        Reply::Body(code, content_type, body) => {
+            let mut resp = (StatusCode::from_u16(code).unwrap(), body).into_response();
+            match content_type {
+                Some(ct) => {
+                    resp.headers_mut()
+                        .insert("content-type", ct.parse().unwrap());
+                }
+                None => {
+                    resp.headers_mut().remove("content-type");
+                }
+            }
+            resp
+        }
+        Reply::Endless => {
+            let chunks = futures_util::stream::unfold(streamed, |count| async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                count.fetch_add(16, Ordering::SeqCst);
+                Some((
+                    Ok::<_, std::io::Error>(Bytes::from_static(b"still going.....")),
+                    count,
+                ))
+            });
+            Response::new(Body::from_stream(chunks))
+        }
+        Reply::Flood(total) => {
+            const CHUNK: u64 = 16 * 1024;
+            let chunks =
+                futures_util::stream::unfold((streamed, total), |(count, left)| async move {
+                    if left == 0 {
+                        return None;
+                    }
+                    let n = left.min(CHUNK);
+                    count.fetch_add(n, Ordering::SeqCst);
+                    let chunk = Bytes::from(vec![b'f'; n as usize]);
+                    Some((Ok::<_, std::io::Error>(chunk), (count, left - n)))
+                });
+            Response::new(Body::from_stream(chunks))
         }
     }
 }

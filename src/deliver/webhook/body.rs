@@ -1,0 +1,198 @@
+//! Response bodies: drained and dropped (every attempt), or kept for `store_response`.
+//!
+//! Either way the read is bounded twice: by size (at most [`MAX_BODY`] bytes are kept, and
+//! reading stops one byte past it) and by time (the request's timeout covers the body, so a
+//! receiver that never ends it costs the attempt's timeout, not more).
+
+use reqwest::header::CONTENT_TYPE;
+use serde_json::Value;
+
+/// Most bytes of a response body read: drained to keep the connection reusable, or kept
+/// for `store_response` (the contract's 64 KiB).
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// Most characters of a stored `content_type`: a media type with its parameters fits in
+/// far fewer; a longer header is cut rather than stored whole.
+const MAX_CONTENT_TYPE: usize = 255;
+
+/// Reads (and drops) up to [`MAX_BODY`] bytes so the connection can be reused. A failure
+/// here does not change the outcome: the status line has answered.
+pub(super) async fn drain(response: &mut reqwest::Response) {
+    let mut read = 0usize;
+    while read < MAX_BODY {
+        match response.chunk().await {
+            Ok(Some(chunk)) => read += chunk.len(),
+            Ok(None) | Err(_) => break,
+        }
+    }
+}
+
+/// Reads the body for `store_response` and adds `body`, `body_truncated` and
+/// `content_type` to `summary` (an object).
+///
+/// Memory: at most [`MAX_BODY`] + 1 bytes are copied; past that the rest of the body is
+/// never read (the response is dropped, and its connection with it).
+///
+/// A body that fails or never ends (the request's timeout fires while it is read) leaves
+/// the outcome as it is: the status line was 2xx, so the provider accepted the request and
+/// the message is delivered; sending it again because the receipt was cut would make a
+/// duplicate. What arrived is kept, as text, with `body_truncated = true`.
+pub(super) async fn keep(response: &mut reqwest::Response, summary: &mut Value) {
+    let content_type = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .map(|v| crate::text::stripped(&String::from_utf8_lossy(v.as_bytes()), MAX_CONTENT_TYPE));
+    let mut buf: Vec<u8> = Vec::new();
+    let mut complete = true;
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = MAX_BODY + 1 - buf.len();
+                buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                if buf.len() > MAX_BODY {
+                    complete = false;
+                    break;
+                }
+            }
+            Ok(None) => break,
+            Err(_) => {
+                complete = false;
+                break;
+            }
+        }
+    }
+    let (body, truncated) = stored(&buf, complete);
+    if let Value::Object(map) = summary {
+        map.insert("body".to_owned(), body);
+        map.insert("body_truncated".to_owned(), Value::Bool(truncated));
+        map.insert(
+            "content_type".to_owned(),
+            content_type.map_or(Value::Null, Value::String),
+        );
+    }
+}
+
+/// The stored form of a body: the JSON value when the whole body is JSON, else the text
+/// (at most [`MAX_BODY`] bytes of it, cut on a character boundary). The flag is true when
+/// the body was longer or did not end (`complete` false): then it is always text, since a
+/// prefix of a JSON document is not the document.
+///
+/// PostgreSQL's `jsonb` cannot hold the character U+0000: a JSON body with one (escaped as
+/// `\u0000`) is kept as text, and in text it is replaced by U+FFFD, as bytes that are not
+/// UTF-8 are. (Without that, the completion statement holding it would fail, again and
+/// again, for every attempt written with it.)
+pub fn stored(bytes: &[u8], complete: bool) -> (Value, bool) {
+    let fits = bytes.len() <= MAX_BODY;
+    if complete && fits {
+        if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
+            if !has_nul(&v) {
+                return (v, false);
+            }
+        }
+    }
+    let cut = &bytes[..bytes.len().min(MAX_BODY)];
+    (Value::String(text(cut)), !(complete && fits))
+}
+
+/// Does any string or key of `v` hold U+0000?
+fn has_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        Value::Null | Value::Bool(_) | Value::Number(_) => false,
+    }
+}
+
+/// `bytes` as text of at most [`MAX_BODY`] bytes: a character cut at the end is dropped,
+/// bytes that are not UTF-8 and U+0000 become U+FFFD.
+fn text(bytes: &[u8]) -> String {
+    let decoded = match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_owned(),
+        // Only an incomplete character at the very end (where the cut fell): drop it.
+        Err(e) if e.error_len().is_none() => {
+            String::from_utf8_lossy(&bytes[..e.valid_up_to()]).into_owned()
+        }
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+    };
+    let mut out = decoded.replace('\0', "\u{FFFD}");
+    // A replacement character is longer than the byte it replaces: cut again, on a
+    // character boundary.
+    if out.len() > MAX_BODY {
+        let mut end = MAX_BODY;
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn json_bodies_are_values_and_others_text() {
+        assert_eq!(
+            stored(br#"{"id": "ch_1", "amount": 1250}"#, true),
+            (json!({"id": "ch_1", "amount": 1250}), false)
+        );
+        assert_eq!(stored(b"[1, 2]", true), (json!([1, 2]), false));
+        assert_eq!(stored(b"\"ok\"", true), (json!("ok"), false));
+        assert_eq!(stored(b"accepted", true), (json!("accepted"), false));
+        assert_eq!(stored(b"", true), (json!(""), false));
+        assert_eq!(stored(b"{\"a\": ", true), (json!("{\"a\": "), false));
+    }
+
+    #[test]
+    fn nul_never_reaches_jsonb() {
+        let (v, t) = stored(br#"{"a": "x\u0000y"}"#, true);
+        assert_eq!(v, json!(r#"{"a": "x\u0000y"}"#), "kept as its text");
+        assert!(!t);
+        let (v, _) = stored(b"a\0b", true);
+        assert_eq!(v, json!("a\u{FFFD}b"));
+        let (v, _) = stored(br#"{"k\u0000": 1}"#, true);
+        assert!(v.is_string());
+    }
+
+    #[test]
+    fn not_utf8_is_replaced() {
+        let (v, t) = stored(b"ok \xff\xfe end", true);
+        assert_eq!(v, json!("ok \u{FFFD}\u{FFFD} end"));
+        assert!(!t);
+    }
+
+    #[test]
+    fn long_or_unfinished_bodies_are_cut_text() {
+        let mut big = vec![b'a'; MAX_BODY + 1];
+        let (v, t) = stored(&big, false);
+        assert!(t);
+        assert_eq!(v.as_str().map(str::len), Some(MAX_BODY));
+        // A JSON document one byte too long is still text: its prefix is not JSON.
+        big = format!("\"{}\"", "b".repeat(MAX_BODY - 1)).into_bytes();
+        assert_eq!(big.len(), MAX_BODY + 1);
+        let (v, t) = stored(&big, false);
+        assert!(t && v.is_string());
+        // A cut through a multi-byte character drops the partial character.
+        let mut euro = vec![b'x'; MAX_BODY - 1];
+        euro.extend_from_slice("€€".as_bytes());
+        let (v, t) = stored(&euro, false);
+        assert!(t);
+        let s = v.as_str().unwrap_or_default();
+        assert_eq!(s.len(), MAX_BODY - 1);
+        assert!(s.chars().all(|c| c == 'x'));
+        // A body that did not end is text even when what arrived parses.
+        assert_eq!(stored(b"123", false), (json!("123"), true));
+    }
+
+    #[test]
+    fn replacements_never_grow_past_the_limit() {
+        let bad = vec![0xffu8; MAX_BODY];
+        let (v, _) = stored(&bad, true);
+        let s = v.as_str().unwrap_or_default();
+        assert!(s.len() <= MAX_BODY, "{}", s.len());
+        assert!(s.chars().all(|c| c == '\u{FFFD}'));
+    }
+}

@@ -1,0 +1,219 @@
+//! Reconciliation: look before sending again.
+//!
+//! After an attempt whose outcome is unknown (a timeout or a lost connection after the
+//! request left, or a lease that expired while it ran), a payload with `reconcile.url` has
+//! the next attempt ask the provider first: `GET <reconcile.url>` with the message's
+//! identity (`Idempotency-Key`, `webhook-id`, `webhook-timestamp`, and `webhook-signature`
+//! over an empty body) and the payload's headers, through the same client (the destination
+//! guard on the connected address, no redirects, no proxy) and within the attempt's
+//! timeout. What the answer means is data, [`Verdict`] and [`Verdict::next`]; a lookup is
+//! safe to repeat, so it needs no `retry_ambiguous` consent.
+
+use std::time::{Duration, Instant};
+
+use super::classify::classify_error;
+use super::{Prepared, WebhookSender, body, host_of};
+use crate::deliver::{Delivered, DeliveryError};
+use crate::model::ErrorClass;
+
+/// What a lookup said about the earlier attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// 2xx: the provider has it; the earlier attempt took effect.
+    Happened,
+    /// 404 or 410: the provider has no such operation; it did not take effect.
+    NotHappened,
+    /// Any other status, a timeout or a failed connection: still unknown.
+    Unknown,
+    /// The destination guard refused the lookup's address: no request was made.
+    Refused,
+}
+
+/// What the attempt does after the lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// The message is delivered (history `reconciled`); the request is not sent.
+    Delivered,
+    /// The original request is sent, in this attempt.
+    Send,
+    /// The attempt fails with this class (and counts).
+    Fail(ErrorClass),
+}
+
+impl Verdict {
+    /// The verdict of an answered lookup.
+    pub fn of_status(status: u16) -> Verdict {
+        match status {
+            200..=299 => Verdict::Happened,
+            404 | 410 => Verdict::NotHappened,
+            _ => Verdict::Unknown,
+        }
+    }
+
+    /// The verdict of a lookup that got no answer: refused by the guard (its transport
+    /// error is classed `invalid`), else unknown, whatever the transport error was (even a
+    /// refused connection: the earlier attempt's outcome is no better known for it).
+    pub fn of_failure(class: ErrorClass) -> Verdict {
+        match class {
+            ErrorClass::Invalid => Verdict::Refused,
+            _ => Verdict::Unknown,
+        }
+    }
+
+    /// The transition table of a lookup, one arm per verdict.
+    pub fn next(self) -> Next {
+        match self {
+            Verdict::Happened => Next::Delivered,
+            Verdict::NotHappened => Next::Send,
+            Verdict::Unknown => Next::Fail(ErrorClass::Ambiguous),
+            Verdict::Refused => Next::Fail(ErrorClass::Invalid),
+        }
+    }
+
+    /// The name logged.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Happened => "happened",
+            Verdict::NotHappened => "not_happened",
+            Verdict::Unknown => "unknown",
+            Verdict::Refused => "refused",
+        }
+    }
+}
+
+/// One lookup, for the attempt's log (`step=reconcile`): no URL path or query, no header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lookup {
+    /// What it said.
+    pub verdict: Verdict,
+    /// The HTTP status, when it was answered.
+    pub status: Option<u16>,
+    /// The lookup URL's host.
+    pub host: String,
+    /// How long it took.
+    pub duration: Duration,
+}
+
+impl WebhookSender {
+    /// Asks `url` whether the earlier attempt took effect. Returns the lookup and, unless
+    /// the original request is to be sent now ([`Next::Send`]), the attempt's result.
+    pub(super) async fn reconcile(
+        &self,
+        p: &Prepared<'_>,
+        url: &url::Url,
+        deadline: Instant,
+    ) -> (Lookup, Option<Result<Delivered, DeliveryError>>) {
+        let host = host_of(url);
+        let t0 = Instant::now();
+        let sent = self
+            .client
+            .get(url.clone())
+            .headers(self.identity_headers(p.req.headers.clone(), p, b""))
+            .timeout(deadline.saturating_duration_since(t0))
+            .send()
+            .await;
+        let (verdict, status, result) = match sent {
+            Ok(mut r) => {
+                let (status, _, retry_after) = super::answer_headers(&r);
+                let verdict = Verdict::of_status(status);
+                let result = match verdict.next() {
+                    Next::Send => None,
+                    Next::Delivered => Some(Ok(self.found(&mut r, p.req.store_response).await)),
+                    Next::Fail(class) => Some(Err(DeliveryError {
+                        status: Some(i32::from(status)),
+                        retry_after,
+                        ..lookup_failed(class, &format!("HTTP {status} from {host}"))
+                    })),
+                };
+                (verdict, Some(status), result)
+            }
+            Err(e) => {
+                let err = classify_error(e, &host, self.timeout);
+                let verdict = Verdict::of_failure(err.class);
+                // A lookup without an answer never says found or missing.
+                let class = match verdict.next() {
+                    Next::Fail(class) => class,
+                    Next::Delivered | Next::Send => ErrorClass::Ambiguous,
+                };
+                let failed = DeliveryError {
+                    source: err.source,
+                    ..lookup_failed(class, &err.message)
+                };
+                (verdict, None, Some(Err(failed)))
+            }
+        };
+        let lookup = Lookup {
+            verdict,
+            status,
+            host,
+            duration: t0.elapsed(),
+        };
+        (lookup, result)
+    }
+
+    /// The delivered result of a lookup that found the operation: its summary says
+    /// `reconciled`, and with `store_response` it keeps the lookup's body (the provider's
+    /// record of the operation is the result there is to keep).
+    async fn found(&self, response: &mut reqwest::Response, store: bool) -> Delivered {
+        let (status, deduplicated, _) = super::answer_headers(response);
+        let mut summary = serde_json::json!({
+            "status": status,
+            "replayed": deduplicated,
+            "reconciled": true,
+        });
+        if store {
+            body::keep(response, &mut summary).await;
+        }
+        Delivered {
+            status: Some(i32::from(status)),
+            deduplicated,
+            response: summary,
+        }
+    }
+}
+
+/// The failure of an attempt whose lookup did not settle it; `what` is one safe line.
+fn lookup_failed(class: ErrorClass, what: &str) -> DeliveryError {
+    let message = match class {
+        ErrorClass::Invalid => format!("reconciliation lookup refused: {what}"),
+        _ => format!(
+            "reconciliation lookup failed ({what}): the earlier attempt may have taken effect"
+        ),
+    };
+    DeliveryError::new(class, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_and_what_follows() {
+        let table = [
+            (200, Verdict::Happened, Next::Delivered),
+            (204, Verdict::Happened, Next::Delivered),
+            (299, Verdict::Happened, Next::Delivered),
+            (404, Verdict::NotHappened, Next::Send),
+            (410, Verdict::NotHappened, Next::Send),
+            (301, Verdict::Unknown, Next::Fail(ErrorClass::Ambiguous)),
+            (400, Verdict::Unknown, Next::Fail(ErrorClass::Ambiguous)),
+            (409, Verdict::Unknown, Next::Fail(ErrorClass::Ambiguous)),
+            (429, Verdict::Unknown, Next::Fail(ErrorClass::Ambiguous)),
+            (500, Verdict::Unknown, Next::Fail(ErrorClass::Ambiguous)),
+            (503, Verdict::Unknown, Next::Fail(ErrorClass::Ambiguous)),
+        ];
+        for (status, verdict, next) in table {
+            assert_eq!(Verdict::of_status(status), verdict, "{status}");
+            assert_eq!(verdict.next(), next, "{status}");
+        }
+        for class in ErrorClass::ALL {
+            let v = Verdict::of_failure(class);
+            let want = if class == ErrorClass::Invalid {
+                Next::Fail(ErrorClass::Invalid)
+            } else {
+                Next::Fail(ErrorClass::Ambiguous)
+            };
+            assert_eq!(v.next(), want, "{class}");
+        }
+    }
+}

@@ -1,0 +1,678 @@
+//! Reconciliation end to end (contract part 2, "Reconciliation: look before sending again"):
+//! a real worker, PostgreSQL and the test receiver. The first attempt is made ambiguous by
+//! a receiver that accepts the request and stalls past the worker's timeout; what the next
+//! attempt does depends on what the lookup (`GET reconcile.url`) answers.
+
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::receiver::{Receiver, Recorded, Reply};
+use common::*;
+use outboxd::claim;
+use outboxd::deliver::webhook::settings::{DestinationPolicy, WebhookConfig, parse_webhook_secret};
+use outboxd::model::Channel;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// Longer than the worker's timeout: the first request is accepted and never answered in
+/// time, so its outcome is ambiguous.
+const STALL: Duration = Duration::from_secs(3);
+
+/// The lookup path, with what such URLs carry (an id and a token) to check that neither
+/// reaches a log or the history.
+const LOOKUP_PATH: &str = "/v1/charges/LOOKUPPATH123?token=LOOKUPQUERY456";
+
+/// Webhook settings with a short timeout (the test worker's lease, 10 s, is far above it).
+fn short_timeout() -> WebhookConfig {
+    WebhookConfig {
+        timeout: Duration::from_millis(500),
+        ..test_webhook_config()
+    }
+}
+
+/// A webhook to `rx` that names a lookup on `rx`, with a header of its own.
+fn payload(rx: &Receiver) -> Value {
+    json!({
+        "url": rx.url("/hook"),
+        "headers": {"X-Tenant": "acme"},
+        "body": {"charge": 1250},
+        "reconcile": {"url": rx.url(LOOKUP_PATH)},
+    })
+}
+
+async fn enqueue(db: &TestDb, key: &str, payload: Value, max_attempts: i32, retry_ambiguous: bool) {
+    let c = db.client().await;
+    let msg = outboxd::NewMessage::webhook(key, payload)
+        .max_attempts(max_attempts)
+        .retry_ambiguous(retry_ambiguous);
+    outboxd::enqueue(&c, &msg).await.expect("enqueue");
+}
+
+type AttemptRow = (i32, String, Option<String>, Option<i32>, bool);
+
+fn att(attempt: i32, outcome: &str, class: Option<&str>, status: Option<i32>) -> AttemptRow {
+    (
+        attempt,
+        outcome.to_owned(),
+        class.map(str::to_owned),
+        status,
+        false,
+    )
+}
+
+/// The requests as `METHOD path`, in order.
+fn calls(rx: &Receiver) -> Vec<String> {
+    rx.requests()
+        .iter()
+        .map(|r| format!("{} {}", r.method, r.uri.path()))
+        .collect()
+}
+
+const POST: &str = "POST /hook";
+const GET: &str = "GET /v1/charges/LOOKUPPATH123";
+
+/// Runs one message to `state` against a receiver answering `script`.
+async fn run(
+    key: &str,
+    script: Vec<Reply>,
+    max_attempts: i32,
+    retry_ambiguous: bool,
+    state: &str,
+) -> (TestDb, Receiver, Row) {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script(script);
+    enqueue(&db, key, payload(&rx), max_attempts, retry_ambiguous).await;
+    let w = RunningWorker::start(&db, test_worker_config("w"), short_timeout());
+    let row = wait_for_state(&db, key, state, WAIT).await;
+    w.stop().await;
+    (db, rx, row)
+}
+
+// ---------------------------------------------------------------------------------------
+// What the lookup answers
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_lookup_answering_200_delivers_without_sending_again() {
+    let key = "rec:200";
+    let (db, rx, row) = run(
+        key,
+        vec![Reply::Stall(STALL), Reply::Status(200)],
+        3,
+        true,
+        "delivered",
+    )
+    .await;
+    assert_eq!(calls(&rx), [POST, GET], "one request, then the lookup only");
+    assert_eq!(row.attempts, 2);
+    assert_eq!(
+        attempts(&db, key).await,
+        vec![
+            att(1, "retry", Some("ambiguous"), None),
+            att(2, "reconciled", None, Some(200)),
+        ]
+    );
+    let response = row.response.unwrap();
+    assert_eq!(response["reconciled"], json!(true), "{response}");
+    assert_eq!(response["status"], json!(200), "{response}");
+    assert!(
+        response.get("body").is_none(),
+        "no body without store_response"
+    );
+    assert_eq!(row.error_class, None);
+    // The lookup carries the message's identity and the payload's headers, and no body.
+    let get = &rx.requests_with("GET")[0];
+    assert_eq!(get.uri.query(), Some("token=LOOKUPQUERY456"));
+    assert_eq!(get.header("idempotency-key").as_deref(), Some(key));
+    assert_eq!(get.header("webhook-id").as_deref(), Some(key));
+    assert!(get.header("webhook-timestamp").is_some());
+    assert_eq!(get.header("x-tenant").as_deref(), Some("acme"));
+    assert!(get.body.is_empty());
+    assert!(get.header("content-type").is_none());
+}
+
+async fn not_found(status: u16) {
+    let key = format!("rec:{status}");
+    let (db, rx, row) = run(
+        &key,
+        vec![
+            Reply::Stall(STALL),
+            Reply::Status(status),
+            Reply::Status(200),
+        ],
+        3,
+        true,
+        "delivered",
+    )
+    .await;
+    assert_eq!(calls(&rx), [POST, GET, POST], "exactly one resend");
+    assert_eq!(
+        attempts(&db, &key).await,
+        vec![
+            att(1, "retry", Some("ambiguous"), None),
+            att(2, "delivered", None, Some(200)),
+        ]
+    );
+    // The resend is the same request: same key, same bytes.
+    let posts = rx.requests_with("POST");
+    assert_eq!(posts[0].body, posts[1].body);
+    assert_eq!(
+        posts[1].header("idempotency-key").as_deref(),
+        Some(key.as_str())
+    );
+    let response = row.response.unwrap();
+    assert!(response.get("reconciled").is_none(), "{response}");
+}
+
+#[tokio::test]
+async fn a_lookup_answering_404_sends_the_request_once_more_in_the_same_attempt() {
+    not_found(404).await;
+}
+
+#[tokio::test]
+async fn a_lookup_answering_410_sends_the_request_once_more_in_the_same_attempt() {
+    not_found(410).await;
+}
+
+#[tokio::test]
+async fn a_lookup_answering_500_is_ambiguous_again_and_the_next_lookup_settles_it() {
+    let key = "rec:500";
+    let (db, rx, _) = run(
+        key,
+        vec![Reply::Stall(STALL), Reply::Status(500), Reply::Status(200)],
+        3,
+        true,
+        "delivered",
+    )
+    .await;
+    assert_eq!(calls(&rx), [POST, GET, GET], "never sent again");
+    assert_eq!(
+        attempts(&db, key).await,
+        vec![
+            att(1, "retry", Some("ambiguous"), None),
+            att(2, "retry", Some("ambiguous"), Some(500)),
+            att(3, "reconciled", None, Some(200)),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_lookup_that_times_out_on_the_last_attempt_is_dead_ambiguous() {
+    let key = "rec:timeout";
+    let (db, rx, row) = run(
+        key,
+        vec![Reply::Stall(STALL), Reply::Stall(STALL)],
+        2,
+        true,
+        "dead",
+    )
+    .await;
+    assert_eq!(calls(&rx), [POST, GET]);
+    assert_eq!(row.error_class.as_deref(), Some("ambiguous"));
+    assert_eq!(row.attempts, 2);
+    assert_eq!(
+        attempts(&db, key).await,
+        vec![
+            att(1, "retry", Some("ambiguous"), None),
+            att(2, "dead", Some("ambiguous"), None),
+        ]
+    );
+    let err = row.last_error.unwrap();
+    assert!(err.contains("reconciliation lookup"), "{err}");
+}
+
+#[tokio::test]
+async fn a_lookup_that_cannot_connect_is_ambiguous_not_transient() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Stall(STALL)]);
+    // A port nothing listens on: the lookup's connection is refused.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_url = format!("http://{}/l", closed.local_addr().unwrap());
+    drop(closed);
+    let key = "rec:refused";
+    enqueue(
+        &db,
+        key,
+        json!({"url": rx.url("/hook"), "reconcile": {"url": closed_url}}),
+        2,
+        true,
+    )
+    .await;
+    let w = RunningWorker::start(&db, test_worker_config("w"), short_timeout());
+    let row = wait_for_state(&db, key, "dead", WAIT).await;
+    w.stop().await;
+    // Not `exhausted`: a failed lookup says nothing about the first request.
+    assert_eq!(row.error_class.as_deref(), Some("ambiguous"));
+    assert_eq!(rx.requests().len(), 1, "the request was not sent again");
+}
+
+// ---------------------------------------------------------------------------------------
+// retry_ambiguous = false
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn without_retry_ambiguous_a_reconcile_url_goes_to_reconciliation_not_dead() {
+    let key = "rec:no-retry:200";
+    let (db, rx, _) = run(
+        key,
+        vec![Reply::Stall(STALL), Reply::Status(200)],
+        3,
+        false,
+        "delivered",
+    )
+    .await;
+    assert_eq!(calls(&rx), [POST, GET]);
+    assert_eq!(
+        attempts(&db, key).await,
+        vec![
+            att(1, "retry", Some("ambiguous"), None),
+            att(2, "reconciled", None, Some(200)),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn without_retry_ambiguous_the_request_is_sent_again_only_after_a_404() {
+    let key = "rec:no-retry:404";
+    let (_db, rx, _) = run(
+        key,
+        vec![
+            Reply::Stall(STALL),
+            Reply::Status(503),
+            Reply::Status(404),
+            Reply::Status(200),
+        ],
+        4,
+        false,
+        "delivered",
+    )
+    .await;
+    assert_eq!(calls(&rx), [POST, GET, GET, POST]);
+}
+
+#[tokio::test]
+async fn without_retry_ambiguous_or_a_reconcile_url_an_ambiguous_outcome_is_dead() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Stall(STALL)]);
+    let key = "rec:no-retry:none";
+    enqueue(&db, key, json!({"url": rx.url("/hook")}), 3, false).await;
+    let w = RunningWorker::start(&db, test_worker_config("w"), short_timeout());
+    let row = wait_for_state(&db, key, "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(row.error_class.as_deref(), Some("ambiguous"));
+    assert_eq!(calls(&rx), [POST]);
+    assert_eq!(
+        attempts(&db, key).await,
+        vec![att(1, "dead", Some("ambiguous"), None)]
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// An expired lease is ambiguous too
+// ---------------------------------------------------------------------------------------
+
+/// Claims every due message with a short lease and lets it expire, as a worker that died
+/// mid-request would.
+async fn claim_and_abandon(db: &TestDb) {
+    let c = db.client().await;
+    let got = claim::claim(
+        &c,
+        &[Channel::Webhook],
+        10,
+        "w-dead",
+        Duration::from_millis(200),
+        &outboxd::retry::RetryPolicy::default(),
+    )
+    .await
+    .unwrap();
+    assert!(!got.claimed.is_empty());
+    wait_until(Duration::from_secs(5), "the leases to expire", || async {
+        let live: i64 = db
+            .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'running' AND lease_expires_at > now()")
+            .await;
+        live == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn after_an_expired_lease_the_next_attempt_looks_up_first() {
+    for retry_ambiguous in [true, false] {
+        let db = TestDb::new().await;
+        let rx = Receiver::start().await;
+        rx.script([Reply::Status(200)]);
+        let key = format!("rec:lease:{retry_ambiguous}");
+        enqueue(&db, &key, payload(&rx), 3, retry_ambiguous).await;
+        claim_and_abandon(&db).await;
+        let w = RunningWorker::start(&db, test_worker_config("w2"), short_timeout());
+        let row = wait_for_state(&db, &key, "delivered", WAIT).await;
+        w.stop().await;
+        assert_eq!(calls(&rx), [GET], "retry_ambiguous={retry_ambiguous}");
+        assert_eq!(row.response.unwrap()["reconciled"], json!(true));
+        let history = attempts(&db, &key).await;
+        assert_eq!(history.first().map(|a| a.1.as_str()), Some("lease_lost"));
+        assert_eq!(
+            history.last().map(|a| a.1.as_str()),
+            Some("reconciled"),
+            "{history:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Destinations, signatures, secrets
+// ---------------------------------------------------------------------------------------
+
+/// Under the default policy (private networks refused) with `allow_host` exempt, a message
+/// whose reconcile URL is `reconcile_url` is dead `invalid` on its first attempt, and no
+/// request reaches either receiver.
+async fn refused(key: &str, allow_host: &str, url: &str, reconcile_url: &str) {
+    let db = TestDb::new().await;
+    enqueue(
+        &db,
+        key,
+        json!({"url": url, "reconcile": {"url": reconcile_url}}),
+        3,
+        true,
+    )
+    .await;
+    let cfg = WebhookConfig {
+        timeout: Duration::from_millis(500),
+        signing_key: None,
+        destinations: DestinationPolicy {
+            allow_private_networks: false,
+            allow_hosts: HashSet::from([allow_host.to_owned()]),
+        },
+    };
+    let w = RunningWorker::start(&db, test_worker_config("w"), cfg);
+    let row = wait_for_state(&db, key, "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(row.error_class.as_deref(), Some("invalid"), "{row:?}");
+    assert_eq!(row.attempts, 1);
+    let err = row.last_error.unwrap();
+    assert!(err.contains("not allowed"), "{err}");
+    assert!(!err.contains("/l"), "no path in {err}");
+    assert_eq!(
+        attempts(&db, key).await,
+        vec![att(1, "dead", Some("invalid"), None)]
+    );
+}
+
+#[tokio::test]
+async fn a_reconcile_url_to_a_forbidden_literal_address_is_invalid_with_no_request() {
+    let rx = Receiver::start().await;
+    let lookup = Receiver::start().await;
+    refused(
+        "rec:ssrf:literal",
+        "localhost",
+        &format!("http://localhost:{}/hook", rx.addr.port()),
+        &format!("http://127.0.0.1:{}/l", lookup.addr.port()),
+    )
+    .await;
+    assert_eq!(rx.requests().len(), 0, "the request was not sent");
+    assert_eq!(lookup.requests().len(), 0);
+    // Other spellings of a forbidden address, and the metadata endpoint.
+    for (i, spelling) in [
+        "127.1",
+        "[::ffff:127.0.0.1]",
+        "2130706433",
+        "169.254.169.254",
+    ]
+    .iter()
+    .enumerate()
+    {
+        refused(
+            &format!("rec:ssrf:{i}"),
+            "localhost",
+            &format!("http://localhost:{}/hook", rx.addr.port()),
+            &format!("http://{spelling}:{}/l", lookup.addr.port()),
+        )
+        .await;
+    }
+    assert_eq!(rx.requests().len() + lookup.requests().len(), 0);
+}
+
+#[tokio::test]
+async fn a_reconcile_url_naming_a_host_that_resolves_to_a_forbidden_address_is_invalid_with_no_request()
+ {
+    let rx = Receiver::start().await;
+    let lookup = Receiver::start().await;
+    refused(
+        "rec:ssrf:name",
+        "127.0.0.1",
+        &format!("http://127.0.0.1:{}/hook", rx.addr.port()),
+        &format!("http://localhost:{}/l", lookup.addr.port()),
+    )
+    .await;
+    assert_eq!(rx.requests().len(), 0, "the request was not sent");
+    assert_eq!(lookup.requests().len(), 0);
+}
+
+#[tokio::test]
+async fn a_reconcile_url_refused_at_lookup_time_is_invalid() {
+    // The first attempt is sent (the reconcile host is allowed by name then); the lookup
+    // goes to a host the policy refuses: the connection is never made.
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Stall(STALL)]);
+    let key = "rec:ssrf:later";
+    // The message is inserted first, then its lookup URL is changed to one the guard refuses
+    // (a plain UPDATE; the enqueue rules only see the INSERT): the worker must still refuse.
+    enqueue(&db, key, payload(&rx), 3, true).await;
+    let cfg = WebhookConfig {
+        timeout: Duration::from_millis(500),
+        signing_key: None,
+        destinations: DestinationPolicy {
+            allow_private_networks: false,
+            allow_hosts: HashSet::from(["127.0.0.1".to_owned()]),
+        },
+    };
+    // A retry delay long enough to change the row between the attempts.
+    let slow_retry = outboxd::config::WorkerConfig {
+        retry: outboxd::retry::RetryPolicy {
+            base: Duration::from_secs(2),
+            max: Duration::from_secs(2),
+        },
+        ..test_worker_config("w")
+    };
+    let w = RunningWorker::start(&db, slow_retry, cfg);
+    wait_until(WAIT, "the first attempt to be ambiguous", || async {
+        let n: i64 = db
+            .scalar("SELECT count(*) FROM outbox.attempts WHERE error_class = 'ambiguous'")
+            .await;
+        n == 1
+    })
+    .await;
+    db.client()
+        .await
+        .execute(
+            "UPDATE outbox.messages SET payload = jsonb_set(payload, '{reconcile,url}', to_jsonb($2::text)) \
+             WHERE message_key = $1",
+            &[&key, &format!("http://localhost:{}/l", rx.addr.port())],
+        )
+        .await
+        .unwrap();
+    let row = wait_for_state(&db, key, "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(row.error_class.as_deref(), Some("invalid"));
+    assert_eq!(calls(&rx), [POST], "no lookup and no resend");
+}
+
+#[tokio::test]
+async fn a_bad_reconcile_url_is_invalid_before_any_request() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    let cases = [
+        ("rec:bad:scheme", json!({"url": "file:///etc/passwd"})),
+        (
+            "rec:bad:gopher",
+            json!({"url": "gopher://example.com/LOOKUPPATH123"}),
+        ),
+        ("rec:bad:nohost", json!({"url": "http://"})),
+        ("rec:bad:relative", json!({"url": "/v1/LOOKUPPATH123"})),
+        (
+            "rec:bad:ctl",
+            json!({"url": "http://exa\u{1}mple.com/LOOKUPPATH123"}),
+        ),
+    ];
+    for (key, reconcile) in &cases {
+        enqueue(
+            &db,
+            key,
+            json!({"url": rx.url("/hook"), "reconcile": reconcile}),
+            3,
+            true,
+        )
+        .await;
+    }
+    // Shapes the enqueue rules refuse (sql/0009) can only come from rows changed afterwards;
+    // the worker refuses them too.
+    let shapes = [
+        ("rec:shape:string", json!("https://example.com/l")),
+        ("rec:shape:array", json!([1])),
+        ("rec:shape:url", json!({"url": 5})),
+    ];
+    let c = db.client().await;
+    for (key, reconcile) in &shapes {
+        enqueue(&db, key, json!({"url": rx.url("/hook")}), 3, true).await;
+        c.execute(
+            "UPDATE outbox.messages SET payload = payload || jsonb_build_object('reconcile', $2::jsonb) \
+             WHERE message_key = $1",
+            &[key, reconcile],
+        )
+        .await
+        .unwrap();
+    }
+    let w = RunningWorker::start(&db, test_worker_config("w"), short_timeout());
+    let n = (cases.len() + shapes.len()) as i64;
+    wait_for_count(&c, "dead", n, WAIT).await;
+    w.stop().await;
+    for (key, _) in cases.iter().chain(shapes.iter()) {
+        let r = row(&db, key).await;
+        assert_eq!(r.error_class.as_deref(), Some("invalid"), "{key}: {r:?}");
+        let err = r.last_error.unwrap();
+        assert!(err.contains("reconcile"), "{key}: {err}");
+        assert!(!err.contains("LOOKUPPATH"), "{key}: {err}");
+    }
+    assert_eq!(rx.requests().len(), 0, "nothing was sent");
+}
+
+#[tokio::test]
+async fn the_lookup_is_signed_over_an_empty_body() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Stall(STALL), Reply::Status(200)]);
+    let v: Value =
+        serde_json::from_str(include_str!("../data/standard-webhooks-vector.json")).unwrap();
+    let secret = v["secret"].as_str().unwrap().to_owned();
+    let key = "rec:signed";
+    enqueue(&db, key, payload(&rx), 3, true).await;
+    let cfg = WebhookConfig {
+        signing_key: Some(parse_webhook_secret(&secret).unwrap()),
+        ..short_timeout()
+    };
+    let w = RunningWorker::start(&db, test_worker_config("w"), cfg);
+    wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    let get: Recorded = rx.requests_with("GET").remove(0);
+    assert!(get.body.is_empty());
+    let verifier = standardwebhooks::Webhook::new(&secret).unwrap();
+    verifier
+        .verify(b"", &get.headers)
+        .expect("the lookup's signature verifies over the empty body");
+    // It is a real check: the request's own body does not verify against the lookup's
+    // signature.
+    let post = rx.requests_with("POST").remove(0);
+    assert!(verifier.verify(&post.body, &get.headers).is_err());
+    verifier
+        .verify(&post.body, &post.headers)
+        .expect("the request verifies over its body");
+}
+
+#[tokio::test]
+async fn the_lookup_is_its_own_log_step_and_no_path_query_or_header_value_is_kept() {
+    let (logs, _guard) = LogCapture::install();
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    // Ambiguous, then a lookup that fails (500), one that times out, then one that answers.
+    rx.script([
+        Reply::Stall(STALL),
+        Reply::Status(500),
+        Reply::Stall(STALL),
+        Reply::Status(200),
+    ]);
+    let key = "rec:logs";
+    let mut p = payload(&rx);
+    p["headers"] = json!({"X-Api-Token": "HEADERVALUE789"});
+    enqueue(&db, key, p, 4, true).await;
+    let w = RunningWorker::start(&db, test_worker_config("w"), short_timeout());
+    wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    assert_eq!(calls(&rx), [POST, GET, GET, GET]);
+    let text = logs.text();
+    let steps: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("step=\"reconcile\""))
+        .collect();
+    assert_eq!(steps.len(), 3, "one event per lookup:\n{text}");
+    for (line, verdict) in steps.iter().zip(["unknown", "unknown", "happened"]) {
+        assert!(line.contains(&format!("verdict=\"{verdict}\"")), "{line}");
+        assert!(line.contains("host=127.0.0.1"), "{line}");
+    }
+    assert!(steps[0].contains("status=500"), "{}", steps[0]);
+    let history: Vec<String> = db
+        .client()
+        .await
+        .query(
+            "SELECT coalesce(a.error, '') || ' ' || coalesce(m.last_error, '') || ' ' || coalesce(m.response::text, '') \
+             FROM outbox.attempts a JOIN outbox.messages m ON m.id = a.message_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for secret in ["LOOKUPPATH123", "LOOKUPQUERY456", "HEADERVALUE789"] {
+        assert!(!text.contains(secret), "{secret} in the logs:\n{text}");
+        for h in &history {
+            assert!(!h.contains(secret), "{secret} in the history: {h}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_encoded_line_break_in_the_reconcile_url_injects_nothing() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Stall(STALL), Reply::Status(200)]);
+    let key = "rec:crlf";
+    let hostile = rx.url("/l%0d%0aX-Injected:%201?q=%0D%0AX-Other:%202");
+    enqueue(
+        &db,
+        key,
+        json!({"url": rx.url("/hook"), "reconcile": {"url": hostile}}),
+        3,
+        true,
+    )
+    .await;
+    let w = RunningWorker::start(&db, test_worker_config("w"), short_timeout());
+    let row = wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    assert_eq!(row.response.unwrap()["reconciled"], json!(true));
+    let get = &rx.requests_with("GET")[0];
+    assert!(get.header("x-injected").is_none() && get.header("x-other").is_none());
+    assert_eq!(
+        get.uri.path(),
+        "/l%0d%0aX-Injected:%201",
+        "sent as written, encoded"
+    );
+}
