@@ -1,4 +1,4 @@
--- outboxd: the live schema after every migration of sql/ (0001 … 0010), in one file.
+-- outboxd: the live schema after every migration of sql/ (0001 … 0011), in one file.
 -- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
 -- only the numbered files). tests/schema.rs loads it into an empty database and compares
 -- the catalog with a migrated one; after a new migration, regenerate it with
@@ -595,13 +595,19 @@ BEGIN
         SELECT m.id FROM outbox.messages m
         WHERE m.state = 'delivered' AND m.delivered_at < now() - older_than
         ORDER BY m.delivered_at LIMIT batch_size FOR UPDATE SKIP LOCKED
+    ), old_cancelled AS (
+        SELECT m.id FROM outbox.messages m
+        WHERE m.state = 'cancelled' AND m.cancelled_at < now() - older_than
+        ORDER BY m.cancelled_at LIMIT batch_size FOR UPDATE SKIP LOCKED
     ), old_dead AS (
         SELECT m.id FROM outbox.messages m
         WHERE include_dead AND m.state = 'dead' AND m.dead_at < now() - older_than
         ORDER BY m.dead_at LIMIT batch_size FOR UPDATE SKIP LOCKED
     ), gone AS (
         DELETE FROM outbox.messages m
-        WHERE m.id IN (SELECT id FROM old_delivered UNION ALL SELECT id FROM old_dead)
+        WHERE m.id IN (SELECT id FROM old_delivered
+                       UNION ALL SELECT id FROM old_cancelled
+                       UNION ALL SELECT id FROM old_dead)
         RETURNING 1
     )
     SELECT count(*) INTO v_deleted FROM gone;

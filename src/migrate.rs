@@ -85,6 +85,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "reconcile",
         sql: include_str!("../sql/0010_reconcile.sql"),
     },
+    Migration {
+        version: 11,
+        name: "purge_cancelled",
+        sql: include_str!("../sql/0011_purge_cancelled.sql"),
+    },
 ];
 
 /// Why migrating failed.

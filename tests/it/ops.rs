@@ -317,6 +317,18 @@ async fn purge_deletes_old_finished_rows_in_batches() {
     deliver_old(&db, "fresh", "1 hour").await;
     enqueue_webhook(&db, "old-dead", "https://example.com/h", 3, true).await;
     kill(&db, "old-dead", "permanent", "3 days").await;
+    // Cancelled rows are finished too: the old one goes, the recent one stays.
+    for (key, ago) in [("old-cancelled", "3 days"), ("fresh-cancelled", "1 hour")] {
+        enqueue_webhook(&db, key, "https://example.com/h", 3, true).await;
+        c.execute(
+            &format!(
+                "UPDATE outbox.messages SET state = 'cancelled', cancelled_at = now() - interval '{ago}' WHERE message_key = $1"
+            ),
+            &[&key],
+        )
+        .await
+        .unwrap();
+    }
 
     let mut progress = Vec::new();
     let n = ops::purge(&c, Duration::from_secs(2 * 86_400), false, 1000, |t| {
@@ -324,10 +336,10 @@ async fn purge_deletes_old_finished_rows_in_batches() {
     })
     .await
     .unwrap();
-    assert_eq!(n, 2500);
+    assert_eq!(n, 2501);
     assert_eq!(
         progress,
-        [1000, 2000, 2500],
+        [1001, 2001, 2501],
         "bounded batches, progress after each"
     );
     let left: Vec<String> = c
@@ -337,7 +349,7 @@ async fn purge_deletes_old_finished_rows_in_batches() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(left, ["fresh", "old-dead"]);
+    assert_eq!(left, ["fresh", "fresh-cancelled", "old-dead"]);
 
     let (code, _, err) = cli(&db, &["purge", "--older-than", "1h"]);
     assert_eq!(code, 2, "below 24h is refused");
@@ -346,7 +358,7 @@ async fn purge_deletes_old_finished_rows_in_batches() {
     assert_eq!(code, 0);
     assert!(out.contains("purged 1"), "{out}");
     let left: i64 = db.scalar("SELECT count(*) FROM outbox.messages").await;
-    assert_eq!(left, 1);
+    assert_eq!(left, 2);
     let orphans: i64 = db.scalar("SELECT count(*) FROM outbox.attempts").await;
     assert_eq!(orphans, 0);
 }

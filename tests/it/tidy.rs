@@ -53,6 +53,10 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
         "0010_reconcile.sql",
         "c517060c9fe1f108f3753e584fc4b10ab1ded6061e5cece4d04ac4cc36decef4",
     ),
+    (
+        "0011_purge_cancelled.sql",
+        "59331869d028bf82c71273acafdeebccaf2ea054fc42564f4019b62b166e7504",
+    ),
 ];
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it
