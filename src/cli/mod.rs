@@ -46,12 +46,29 @@ pub struct Env {
     pub smtp_url: Option<String>,
     /// `OUTBOXD_WEBHOOK_SECRET`.
     pub webhook_secret: Option<String>,
+    /// Every non-empty `OUTBOXD_WEBHOOK_SECRET_<NAME>`, as (variable, value); a name or value
+    /// that is not UTF-8 is kept lossily, so that it fails validation naming the variable.
+    pub named_webhook_secrets: Vec<(String, String)>,
     /// `OUTBOXD_ALLOW_PRIVATE_NETWORKS`.
     pub allow_private_networks: Option<String>,
     /// `OUTBOXD_WEBHOOK_ALLOW_HOSTS`.
     pub webhook_allow_hosts: Option<String>,
     /// `OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN`.
     pub email_message_id_domain: Option<String>,
+}
+
+/// The `OUTBOXD_WEBHOOK_SECRET_<NAME>` variables among `vars`, sorted by name.
+fn named_secrets(
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Vec<(String, String)> {
+    let prefix = format!("{}_", crate::deliver::webhook::settings::SECRET_VAR);
+    let mut found: Vec<(String, String)> = vars
+        .map(|(k, v)| (k.to_string_lossy().into_owned(), v))
+        .filter(|(k, v)| k.starts_with(&prefix) && !v.is_empty())
+        .map(|(k, v)| (k, v.to_string_lossy().into_owned()))
+        .collect();
+    found.sort();
+    found
 }
 
 impl Env {
@@ -62,6 +79,7 @@ impl Env {
             database_url: var("DATABASE_URL"),
             smtp_url: var("OUTBOXD_SMTP_URL"),
             webhook_secret: var("OUTBOXD_WEBHOOK_SECRET"),
+            named_webhook_secrets: named_secrets(std::env::vars_os()),
             allow_private_networks: var("OUTBOXD_ALLOW_PRIVATE_NETWORKS"),
             webhook_allow_hosts: var("OUTBOXD_WEBHOOK_ALLOW_HOSTS"),
             email_message_id_domain: var("OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN"),

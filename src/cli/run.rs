@@ -41,6 +41,7 @@ fn run_input(args: &RunArgs, env: &Env) -> RunInput {
         shutdown_grace: args.shutdown_grace,
         smtp_url: env.smtp_url.clone(),
         webhook_secret: env.webhook_secret.clone(),
+        named_webhook_secrets: env.named_webhook_secrets.clone(),
         allow_private_networks: env.allow_private_networks.clone(),
         webhook_allow_hosts: env.webhook_allow_hosts.clone(),
         email_message_id_domain: env.email_message_id_domain.clone(),

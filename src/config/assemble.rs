@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::config::WorkerConfig;
 use crate::deliver::email::settings::{EmailConfig, SmtpUrl, parse_message_id_domain};
-use crate::deliver::webhook::settings::{DestinationPolicy, WebhookConfig, parse_webhook_secret};
+use crate::deliver::webhook::settings::{DestinationPolicy, SigningKeys, WebhookConfig};
 use crate::model::{Channel, ConfigError};
 use crate::retry::RetryPolicy;
 
@@ -53,6 +53,8 @@ pub struct RunInput {
     pub smtp_url: Option<String>,
     /// `OUTBOXD_WEBHOOK_SECRET`.
     pub webhook_secret: Option<String>,
+    /// Every `OUTBOXD_WEBHOOK_SECRET_<NAME>` variable, as (name, value).
+    pub named_webhook_secrets: Vec<(String, String)>,
     /// `OUTBOXD_ALLOW_PRIVATE_NETWORKS`.
     pub allow_private_networks: Option<String>,
     /// `OUTBOXD_WEBHOOK_ALLOW_HOSTS`.
@@ -158,11 +160,10 @@ pub fn check_purge_age(older_than: Duration) -> Result<(), ConfigError> {
 
 /// The webhook settings: signing key, destination policy, timeout.
 fn webhook_settings(input: &RunInput) -> Result<WebhookConfig, ConfigError> {
-    let signing_key = input
-        .webhook_secret
-        .as_deref()
-        .map(parse_webhook_secret)
-        .transpose()?;
+    let signing = SigningKeys::from_values(
+        input.webhook_secret.as_deref(),
+        &input.named_webhook_secrets,
+    )?;
     let destinations = DestinationPolicy::from_values(
         input.allow_private_networks.as_deref(),
         input.webhook_allow_hosts.as_deref(),
@@ -172,7 +173,7 @@ fn webhook_settings(input: &RunInput) -> Result<WebhookConfig, ConfigError> {
     }
     Ok(WebhookConfig {
         timeout: input.webhook_timeout,
-        signing_key,
+        signing,
         destinations,
     })
 }

@@ -26,6 +26,7 @@ mod reliability;
 mod results;
 mod schema;
 mod secrets;
+mod signing_keys;
 mod smoke;
 mod ssrf;
 mod tidy;

@@ -386,7 +386,7 @@ async fn refused(key: &str, allow_host: &str, url: &str, reconcile_url: &str) {
     .await;
     let cfg = WebhookConfig {
         timeout: Duration::from_millis(500),
-        signing_key: None,
+        signing: Default::default(),
         destinations: DestinationPolicy {
             allow_private_networks: false,
             allow_hosts: HashSet::from([allow_host.to_owned()]),
@@ -469,7 +469,7 @@ async fn a_reconcile_url_refused_at_lookup_time_is_invalid() {
     enqueue(&db, key, payload(&rx), 3, true).await;
     let cfg = WebhookConfig {
         timeout: Duration::from_millis(500),
-        signing_key: None,
+        signing: Default::default(),
         destinations: DestinationPolicy {
             allow_private_networks: false,
             allow_hosts: HashSet::from(["127.0.0.1".to_owned()]),
@@ -576,7 +576,9 @@ async fn the_lookup_is_signed_over_an_empty_body() {
     let key = "rec:signed";
     enqueue(&db, key, payload(&rx), 3, true).await;
     let cfg = WebhookConfig {
-        signing_key: Some(parse_webhook_secret(&secret).unwrap()),
+        signing: outboxd::deliver::webhook::settings::SigningKeys::one(
+            parse_webhook_secret(&secret).unwrap(),
+        ),
         ..short_timeout()
     };
     let w = RunningWorker::start(&db, test_worker_config("w"), cfg);

@@ -20,7 +20,7 @@ const WAIT: Duration = Duration::from_secs(15);
 fn webhook(destinations: DestinationPolicy) -> WebhookConfig {
     WebhookConfig {
         timeout: Duration::from_millis(500),
-        signing_key: None,
+        signing: Default::default(),
         destinations,
     }
 }

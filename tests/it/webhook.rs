@@ -526,7 +526,9 @@ async fn signed_requests_verify_with_the_standard_webhooks_crate() {
     )
     .await;
     let cfg = WebhookConfig {
-        signing_key: Some(parse_webhook_secret(&secret).unwrap()),
+        signing: outboxd::deliver::webhook::settings::SigningKeys::one(
+            parse_webhook_secret(&secret).unwrap(),
+        ),
         ..test_webhook_config()
     };
     let w = RunningWorker::start(&db, test_worker_config("w"), cfg);
@@ -658,7 +660,7 @@ async fn no_secret_reaches_logs_or_stored_errors_and_every_attempt_is_logged() {
 
     let webhook = WebhookConfig {
         timeout: Duration::from_millis(500),
-        signing_key: None,
+        signing: Default::default(),
         destinations: DestinationPolicy::from_values(None, Some("localhost")).unwrap(),
     };
     let w = RunningWorker::start(&db, test_worker_config("w"), webhook);

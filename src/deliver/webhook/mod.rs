@@ -23,8 +23,8 @@ use reqwest::header::HeaderValue;
 
 use self::classify::{classify_error, parse_retry_after};
 use self::payload::{Request, parse_payload};
-use self::settings::WebhookConfig;
-use self::signing::sign;
+use self::settings::{SigningKeys, WebhookConfig};
+use self::signing::signatures;
 use super::guard::{Guard, GuardedResolver};
 use super::{Attempted, Delivered, DeliveryError, Outgoing};
 use crate::model::{ConfigError, ErrorClass};
@@ -38,7 +38,7 @@ pub struct WebhookSender {
     /// The client's resolver, also asked before a request whose reconcile URL names a host
     /// (see [`GuardedResolver::refuses`]).
     resolver: GuardedResolver,
-    signing_key: Option<Vec<u8>>,
+    signing: std::sync::Arc<SigningKeys>,
     timeout: Duration,
 }
 
@@ -101,7 +101,7 @@ impl WebhookSender {
             client,
             guard,
             resolver,
-            signing_key: cfg.signing_key.clone(),
+            signing: std::sync::Arc::new(cfg.signing.clone()),
             timeout: cfg.timeout,
         })
     }
@@ -140,6 +140,15 @@ impl WebhookSender {
     /// a bad URL, scheme or literal address is `invalid` before anything is sent.
     fn prepare<'a>(&self, msg: Outgoing<'a>) -> Result<Prepared<'a>, DeliveryError> {
         let req = parse_payload(msg.payload)?;
+        if let Some(name) = &req.secret {
+            if self.signing.for_name(Some(name)).is_none() {
+                // The name is letters, digits and _ (parse_payload): safe to show.
+                return Err(DeliveryError::invalid(format!(
+                    "payload.secret {name} is not configured (no {}_{name})",
+                    settings::SECRET_VAR
+                )));
+            }
+        }
         self.check_literal_host(&req.url, "")?;
         if let Some(url) = &req.reconcile {
             self.check_literal_host(url, "reconcile.url ")?;
@@ -188,9 +197,13 @@ impl WebhookSender {
         headers.insert("idempotency-key", p.key.clone());
         headers.insert("webhook-id", p.key.clone());
         headers.insert("webhook-timestamp", HeaderValue::from(p.timestamp));
-        if let Some(signing_key) = &self.signing_key {
-            let sig = sign(signing_key, p.msg_key, p.timestamp, body);
-            if let Ok(v) = HeaderValue::from_str(&sig) {
+        // prepare() refused a payload naming a secret that is not configured.
+        let keys = self
+            .signing
+            .for_name(p.req.secret.as_deref())
+            .unwrap_or(&[]);
+        if let Some(sigs) = signatures(keys, p.msg_key, p.timestamp, body) {
+            if let Ok(v) = HeaderValue::from_str(&sigs) {
                 headers.insert("webhook-signature", v);
             }
         }

@@ -29,6 +29,7 @@ struct Payload<'a> {
     body: Option<&'a RawValue>,
     reconcile: Option<serde_json::Value>,
     store_response: Option<serde_json::Value>,
+    secret: Option<serde_json::Value>,
 }
 
 /// A payload checked and ready to send.
@@ -46,6 +47,8 @@ pub struct Request {
     pub reconcile: Option<url::Url>,
     /// `store_response`: keep the delivering response's body in the `response` summary.
     pub store_response: bool,
+    /// `secret`: the name of the signing keys to use (upper-cased), None for the default.
+    pub secret: Option<String>,
 }
 
 /// Parses a destination URL (`field` names it in errors): http or https, with a host.
@@ -151,6 +154,19 @@ pub fn parse_payload(payload: &str) -> Result<Request, DeliveryError> {
             ));
         }
     };
+    let secret = match p.secret {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(name))
+            if crate::deliver::webhook::settings::is_secret_name(&name) =>
+        {
+            Some(name.to_ascii_uppercase())
+        }
+        Some(_) => {
+            return Err(DeliveryError::invalid(
+                "payload.secret must be a name of letters, digits and _ (at most 64)",
+            ));
+        }
+    };
     let body = p
         .body
         .map(|b| b.get().as_bytes().to_vec())
@@ -162,6 +178,7 @@ pub fn parse_payload(payload: &str) -> Result<Request, DeliveryError> {
         body,
         reconcile,
         store_response,
+        secret,
     })
 }
 

@@ -71,8 +71,9 @@ impl DestinationPolicy {
 pub struct WebhookConfig {
     /// Whole-request timeout of one attempt (`--webhook-timeout`).
     pub timeout: Duration,
-    /// The decoded Standard Webhooks signing key (`OUTBOXD_WEBHOOK_SECRET`, `whsec_<base64>`).
-    pub signing_key: Option<Vec<u8>>,
+    /// The Standard Webhooks signing keys (`OUTBOXD_WEBHOOK_SECRET` and the named
+    /// `OUTBOXD_WEBHOOK_SECRET_<NAME>`, each `whsec_<base64>`, several per variable).
+    pub signing: SigningKeys,
     /// Where requests may go.
     pub destinations: DestinationPolicy,
 }
@@ -81,27 +82,114 @@ impl Default for WebhookConfig {
     fn default() -> Self {
         WebhookConfig {
             timeout: Duration::from_secs(10),
-            signing_key: None,
+            signing: SigningKeys::default(),
             destinations: DestinationPolicy::default(),
         }
     }
 }
 
+/// The variable of the default secrets; a named one is this, `_`, and the name.
+pub const SECRET_VAR: &str = "OUTBOXD_WEBHOOK_SECRET";
+
+/// The keys a webhook is signed with: the default ones, and named sets a payload picks
+/// with `"secret": "name"`. Several keys in one set all sign (Standard Webhooks' rotation:
+/// the receiver accepts the request when any `v1,` signature verifies with a key it has),
+/// in the order given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SigningKeys {
+    /// `OUTBOXD_WEBHOOK_SECRET`: used when the payload names no secret. Empty: unsigned.
+    pub default: Vec<Vec<u8>>,
+    /// `OUTBOXD_WEBHOOK_SECRET_<NAME>`, by upper-case name.
+    pub named: std::collections::BTreeMap<String, Vec<Vec<u8>>>,
+}
+
+impl SigningKeys {
+    /// One default key (tests, embedding).
+    pub fn one(key: Vec<u8>) -> SigningKeys {
+        SigningKeys {
+            default: vec![key],
+            named: Default::default(),
+        }
+    }
+
+    /// From the default variable's value and every `OUTBOXD_WEBHOOK_SECRET_<NAME>`
+    /// (variable name, value) pair. A malformed secret is an error naming the variable,
+    /// never its value.
+    pub fn from_values(
+        default: Option<&str>,
+        named: &[(String, String)],
+    ) -> Result<SigningKeys, ConfigError> {
+        let default = match default {
+            Some(v) => parse_secrets(SECRET_VAR, v)?,
+            None => Vec::new(),
+        };
+        let mut keys = SigningKeys {
+            default,
+            named: Default::default(),
+        };
+        for (var, value) in named {
+            let name = var
+                .strip_prefix(SECRET_VAR)
+                .and_then(|rest| rest.strip_prefix('_'))
+                .unwrap_or("");
+            if !is_secret_name(name) || name.bytes().any(|b| b.is_ascii_lowercase()) {
+                return Err(ConfigError(format!(
+                    "{}: a named secret's variable is {SECRET_VAR}_<NAME>, NAME of upper-case letters, digits and _",
+                    crate::text::stripped(var, 80)
+                )));
+            }
+            keys.named
+                .insert(name.to_owned(), parse_secrets(var, value)?);
+        }
+        Ok(keys)
+    }
+
+    /// The keys for a payload's `secret` (None: the default set); None when the name is
+    /// not configured.
+    pub fn for_name(&self, name: Option<&str>) -> Option<&[Vec<u8>]> {
+        match name {
+            None => Some(&self.default),
+            Some(n) => self.named.get(n).map(Vec::as_slice),
+        }
+    }
+}
+
+/// A secret's name as a payload writes it (any case) or a variable ends: letters, digits,
+/// `_`, at most 64.
+pub fn is_secret_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Decodes the secrets of one variable: one or more `whsec_<base64>`, separated by spaces.
+pub fn parse_secrets(var: &str, value: &str) -> Result<Vec<Vec<u8>>, ConfigError> {
+    let keys = value
+        .split_whitespace()
+        .map(|secret| parse_one(var, secret))
+        .collect::<Result<Vec<_>, _>>()?;
+    if keys.is_empty() {
+        return Err(ConfigError(format!("{var} is set but holds no secret")));
+    }
+    Ok(keys)
+}
+
 /// Decodes a `whsec_<base64>` secret into its key bytes.
 pub fn parse_webhook_secret(secret: &str) -> Result<Vec<u8>, ConfigError> {
+    parse_one(SECRET_VAR, secret)
+}
+
+fn parse_one(var: &str, secret: &str) -> Result<Vec<u8>, ConfigError> {
     use base64::Engine as _;
-    let b64 = secret.trim().strip_prefix("whsec_").ok_or_else(|| {
-        ConfigError("OUTBOXD_WEBHOOK_SECRET must look like whsec_<base64>".into())
-    })?;
+    let b64 = secret
+        .trim()
+        .strip_prefix("whsec_")
+        .ok_or_else(|| ConfigError(format!("{var} must look like whsec_<base64>")))?;
     let key = base64::engine::general_purpose::STANDARD
         .decode(b64)
-        .map_err(|_| {
-            ConfigError("OUTBOXD_WEBHOOK_SECRET: the part after whsec_ is not valid base64".into())
-        })?;
+        .map_err(|_| ConfigError(format!("{var}: the part after whsec_ is not valid base64")))?;
     if key.is_empty() {
-        return Err(ConfigError(
-            "OUTBOXD_WEBHOOK_SECRET: the key is empty".into(),
-        ));
+        return Err(ConfigError(format!("{var}: the key is empty")));
     }
     Ok(key)
 }
@@ -117,6 +205,57 @@ mod tests {
         assert!(parse_webhook_secret("AQID").is_err());
         assert!(parse_webhook_secret("whsec_!!!").is_err());
         assert!(parse_webhook_secret("whsec_").is_err());
+    }
+
+    #[test]
+    fn several_and_named_secrets() {
+        let a = "whsec_AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcY";
+        let b = "whsec_c2Vjb25kIGtleSBmb3Igcm90YXRpb24=";
+        let keys = SigningKeys::from_values(
+            Some(&format!("  {a}   {b} ")),
+            &[("OUTBOXD_WEBHOOK_SECRET_STRIPE_2".into(), b.into())],
+        )
+        .expect("valid");
+        assert_eq!(keys.default.len(), 2);
+        assert_eq!(keys.for_name(Some("STRIPE_2")).map(<[_]>::len), Some(1));
+        assert!(keys.for_name(Some("OTHER")).is_none());
+        for (default, named, var) in [
+            (
+                Some(" "),
+                vec![],
+                "OUTBOXD_WEBHOOK_SECRET is set but holds no secret",
+            ),
+            (
+                Some(&*format!("{a} nope")),
+                vec![],
+                "OUTBOXD_WEBHOOK_SECRET must look like",
+            ),
+            (
+                None,
+                vec![("OUTBOXD_WEBHOOK_SECRET_X".to_owned(), "whsec_!!".to_owned())],
+                "OUTBOXD_WEBHOOK_SECRET_X: the part after whsec_",
+            ),
+            (
+                None,
+                vec![("OUTBOXD_WEBHOOK_SECRET_lower".to_owned(), a.to_owned())],
+                "NAME of upper-case letters",
+            ),
+            (
+                None,
+                vec![("OUTBOXD_WEBHOOK_SECRET_".to_owned(), a.to_owned())],
+                "NAME of upper-case letters",
+            ),
+        ] {
+            let err = SigningKeys::from_values(default, &named)
+                .err()
+                .map(|e| e.0)
+                .unwrap_or_default();
+            assert!(err.contains(var), "{err}");
+            assert!(
+                !err.contains("AQID") && !err.contains("nope"),
+                "a value in {err}"
+            );
+        }
     }
 
     #[test]

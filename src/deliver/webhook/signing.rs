@@ -21,6 +21,24 @@ pub fn sign(key: &[u8], msg_id: &str, timestamp: u64, body: &[u8]) -> String {
     format!("v1,{sig}")
 }
 
+/// The `webhook-signature` value for several keys: one `v1,<sig>` per key, space-separated,
+/// in the keys' order (a receiver accepts the request if any of them verifies). None
+/// without keys.
+pub fn signatures(keys: &[Vec<u8>], msg_id: &str, timestamp: u64, body: &[u8]) -> Option<String> {
+    let mut out: Option<String> = None;
+    for key in keys {
+        let sig = sign(key, msg_id, timestamp, body);
+        match &mut out {
+            Some(s) => {
+                s.push(' ');
+                s.push_str(&sig);
+            }
+            None => out = Some(sig),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -258,7 +258,7 @@ pub fn test_worker_config(id: &str) -> WorkerConfig {
 pub fn test_webhook_config() -> WebhookConfig {
     WebhookConfig {
         timeout: Duration::from_secs(2),
-        signing_key: None,
+        signing: Default::default(),
         destinations: DestinationPolicy {
             allow_private_networks: true,
             ..Default::default()
