@@ -73,6 +73,14 @@ fn bad(m: &str) -> Failure {
     Failure::BadRequest(format!("{m}; nothing changed"))
 }
 
+/// A bad filter or id in an action's form: the page's message, and that nothing changed.
+fn unchanged(f: Failure) -> Failure {
+    match f {
+        Failure::BadRequest(m) => bad(&m),
+        other => other,
+    }
+}
+
 pub(crate) async fn post(
     State(app): State<Shared>,
     signed: Signed,
@@ -102,13 +110,13 @@ pub(crate) async fn post(
     let (chosen, matching) = if by_filter {
         let all = match (from, verb) {
             (From::Dead, Verb::Replay | Verb::Cancel | Verb::Confirm) => {
-                let q = super::dead::parse_filter(&form)?;
+                let q = super::dead::parse_filter(&form).map_err(unchanged)?;
                 crate::ops::dead_ids(&**c, &q.filter)
                     .await
                     .map_err(|e| Failure::db(&e))?
             }
             (From::Held, Verb::Approve | Verb::Cancel) => {
-                let f = super::held::parse_filter(&form)?;
+                let f = super::held::parse_filter(&form).map_err(unchanged)?;
                 let limit = MAX_ACTION_ROWS as i64 + 1;
                 let (rows, _) = crate::ops::held_page(&**c, &f, limit, 0)
                     .await
@@ -132,7 +140,8 @@ pub(crate) async fn post(
             .iter()
             .filter(|(k, _)| k == "id")
             .map(|(_, v)| super::message::parse_id(v))
-            .collect::<Result<Vec<i64>, Failure>>()?;
+            .collect::<Result<Vec<i64>, Failure>>()
+            .map_err(unchanged)?;
         if ids.is_empty() {
             return Err(bad("no message selected"));
         }
@@ -173,7 +182,7 @@ pub(crate) async fn post(
             .map_err(|e| match e {
                 ReplayError::Database(e) => Failure::db(&e),
                 ReplayError::Unknown(_) => Failure::NotFound(e.to_string()),
-                ReplayError::NotDead(m) => Failure::Refused(format!("{m}; nothing replayed")),
+                ReplayError::NotDead(m) => Failure::Refused(m),
             }),
         other => {
             let action = match other {
