@@ -164,8 +164,7 @@ pub async fn serve(
             .get()
             .await
             .map_err(|e| ServeError::Database(crate::db::describe_pool(&e)))?;
-        client
-            .simple_query(crate::queries::HEALTH_CHECK)
+        crate::db::ping(&client)
             .await
             .map_err(|e| ServeError::Database(crate::db::describe(&e)))?;
     }

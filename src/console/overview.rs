@@ -73,8 +73,8 @@ fn state_link(state: MessageState) -> Markup {
 /// `<title>` per bar for a tooltip and a one-line summary for readers without the picture.
 /// Presentation comes from classes in the stylesheet: the CSP allows no inline style.
 pub(crate) fn chart(minutes: &[MinuteCount]) -> Markup {
-    const W: f64 = 600.0;
-    const H: f64 = 150.0;
+    const W: f64 = 720.0;
+    const H: f64 = 160.0;
     const TOP: f64 = 14.0;
     const BOTTOM: f64 = 18.0;
     let delivered: i64 = minutes.iter().map(|m| m.delivered).sum();
