@@ -252,3 +252,60 @@ pub(crate) async fn signout(
     let cookie = app.auth.cookie("", 0);
     ([(header::SET_COOKIE, cookie)], Redirect::to("/signin")).into_response()
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_expires_and_its_cookie_has_the_flags() {
+        let auth = Auth::new(Some("a-token-of-some-length"), Duration::ZERO, true);
+        let (id, _) = auth.create("alice".into()).unwrap();
+        assert!(auth.find(&id).is_none(), "expired at once");
+        let cookie = auth.cookie(&id, 60);
+        for flag in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/"] {
+            assert!(cookie.contains(flag), "{cookie}");
+        }
+        let auth = Auth::new(None, Duration::from_secs(60), false);
+        let (id, s) = auth.create("bob".into()).unwrap();
+        assert_eq!(auth.find(&id).unwrap().csrf, s.csrf);
+        assert_ne!(s.csrf, id, "the CSRF token is not the session id");
+        assert!(!auth.cookie(&id, 60).contains("Secure"));
+        auth.remove(&id);
+        assert!(auth.find(&id).is_none());
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        let auth = Auth::new(Some("0123456789abcdef"), Duration::from_secs(1), false);
+        assert!(auth.token_ok("0123456789abcdef"));
+        for wrong in [
+            "",
+            "0123456789abcde",
+            "0123456789abcdef0",
+            "0123456789ABCDEF",
+        ] {
+            assert!(!auth.token_ok(wrong), "{wrong}");
+        }
+    }
+
+    #[test]
+    fn only_a_well_formed_cookie_is_a_session_id() {
+        let mut h = HeaderMap::new();
+        let id = "ab".repeat(32);
+        h.insert(
+            header::COOKIE,
+            format!("other=1; {COOKIE}=short; {COOKIE}={id}")
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(session_id(&h), Some(id));
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            format!("{COOKIE}={}", "zz".repeat(32)).parse().unwrap(),
+        );
+        assert_eq!(session_id(&h), None);
+    }
+}

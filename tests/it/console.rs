@@ -715,3 +715,75 @@ async fn on_loopback_without_a_token_a_name_signs_in() {
     let res = post_form(&console.url("/signout"), Some(&cookie), String::new()).await;
     assert_eq!(res.status(), 403);
 }
+
+#[tokio::test]
+async fn dead_letters_page_by_fifty_and_filter_by_class_and_age() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for i in 0..60 {
+        dead_email(&db, &format!("page:{i:02}")).await;
+    }
+    // One ambiguous, two days old.
+    let old = dead_email(&db, "page:old").await;
+    c.execute(
+        "UPDATE outbox.messages SET error_class = 'ambiguous', dead_at = now() - interval '2 days' WHERE id = $1",
+        &[&old],
+    )
+    .await
+    .unwrap();
+    let console = Console::start(&db);
+    let s = sign_in(&console, "alice").await;
+    let rows = |page: &str| page.matches("<tr data-id=").count();
+    let p1 = get(&console.url("/dead"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(p1.contains("61 dead letters match"), "{p1}");
+    assert_eq!(rows(&p1), 50);
+    assert!(
+        p1.contains("page 1 of 2") && p1.contains("href=\"/dead?page=2\""),
+        "{p1}"
+    );
+    let p2 = get(&console.url("/dead?page=2"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(rows(&p2), 11);
+    let amb = get(&console.url("/dead?class=ambiguous"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        amb.contains("1 dead letter match") && amb.contains("page:old"),
+        "{amb}"
+    );
+    // Only an ambiguous filter offers "confirm all".
+    assert!(amb.contains("id=\"confirm-all\"") && !p1.contains("id=\"confirm-all\""));
+    let recent = get(&console.url("/dead?since=1h&channel=email"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(recent.contains("60 dead letters match") && !recent.contains("page:old"));
+    let none = get(&console.url("/dead?channel=webhook"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(none.contains("0 dead letters match"));
+    // Lookup by key and by id lands on the message.
+    let res = get(&console.url("/lookup?q=page%3Aold"), &s.cookie).await;
+    assert_eq!(res.status(), 303);
+    assert_eq!(
+        res.headers()["location"],
+        format!("/message/{old}").as_str()
+    );
+    let res = get(&console.url(&format!("/lookup?q={old}")), &s.cookie).await;
+    assert_eq!(
+        res.headers()["location"],
+        format!("/message/{old}").as_str()
+    );
+}
