@@ -717,6 +717,87 @@ async fn on_loopback_without_a_token_a_name_signs_in() {
 }
 
 #[tokio::test]
+async fn no_token_header_value_url_path_or_query_reaches_a_page_or_the_log() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let msg = outboxd::NewMessage::webhook(
+        "secret:carrier",
+        serde_json::json!({"url": "https://user:PASSWORD@h.example/hooks/PATHSECRET?token=QUERYSECRET",
+            "headers": {"Authorization": "Bearer HEADERSECRET"}, "body": {"visible": true}}),
+    )
+    .held(true);
+    let id = outboxd::enqueue(&c, &msg).await.unwrap().id;
+    let console = Console::start(&db);
+    // A wrong sign-in first: the attempt is logged, the token tried is not.
+    let wrong = "WRONGTOKENSECRET-0123";
+    post_form(
+        &console.url("/signin"),
+        None,
+        form(&[("name", "eve"), ("token", wrong)]),
+    )
+    .await;
+    let s = sign_in(&console, "alice").await;
+    let page = get(&console.url(&format!("/message/{id}")), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("https://h.example/[redacted]") && page.contains("visible"),
+        "{page}"
+    );
+    for secret in [
+        "PASSWORD",
+        "PATHSECRET",
+        "QUERYSECRET",
+        "HEADERSECRET",
+        TOKEN,
+    ] {
+        assert!(!page.contains(secret), "{secret} on the page");
+    }
+    // An action, so the log has something to say about it.
+    let res = post_form(
+        &console.url("/action"),
+        Some(&s.cookie),
+        form(&[
+            ("csrf", &s.csrf),
+            ("do", "cancel:selected"),
+            ("id", &id.to_string()),
+            ("confirmed", "yes"),
+        ]),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !console.log().contains("console: action") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no action logged: {}",
+            console.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = console.log();
+    assert!(
+        log.contains("alice") && log.contains("wrong token"),
+        "{log}"
+    );
+    for secret in [
+        "PASSWORD",
+        "PATHSECRET",
+        "QUERYSECRET",
+        "HEADERSECRET",
+        TOKEN,
+        wrong,
+        &s.csrf,
+    ] {
+        assert!(!log.contains(secret), "{secret} in the log: {log}");
+    }
+    let session_id = s.cookie.trim_start_matches("outboxd_session=");
+    assert!(!log.contains(session_id), "the session id in the log");
+}
+
+#[tokio::test]
 async fn dead_letters_page_by_fifty_and_filter_by_class_and_age() {
     let db = TestDb::new().await;
     let c = db.client().await;

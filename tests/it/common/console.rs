@@ -17,6 +17,7 @@ pub const TOKEN: &str = "test-console-token-0123456789";
 /// A running `outboxd console`; killed when dropped.
 pub struct Console {
     child: Child,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
     /// `http://127.0.0.1:PORT` (no trailing slash).
     pub base: String,
 }
@@ -38,9 +39,19 @@ impl Console {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn outboxd console");
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let pipe = child.stderr.take().unwrap();
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -59,7 +70,16 @@ impl Console {
             .unwrap_or_else(|| panic!("unexpected first line: {line}"))
             .trim_end_matches('/')
             .to_owned();
-        Console { child, base }
+        Console {
+            child,
+            stderr,
+            base,
+        }
+    }
+
+    /// What the console logged so far.
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap().clone()
     }
 
     /// The full URL of `path`.
