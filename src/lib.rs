@@ -36,6 +36,8 @@
 //!   confirm, purge.
 //! * [`cli`]: the command line, one room per command (`args`, `run`, `enqueue`, `ops`); the
 //!   binary is a thin `main` around [`cli::dispatch`].
+//! * [`console`]: `outboxd console`, the operator console in the browser (server-rendered
+//!   HTML; sign-in, sessions and CSRF in `console::auth`).
 //! * [`metrics`]: Prometheus metrics and the health endpoint.
 //! * [`config`]: the worker's settings, parsed and validated once at start-up;
 //!   [`config::assemble`] turns raw flag and environment values into them, cross-field rules
@@ -49,6 +51,8 @@ pub mod claim;
 #[doc(hidden)]
 pub mod cli;
 pub mod config;
+#[doc(hidden)]
+pub mod console;
 #[doc(hidden)]
 pub mod db;
 pub mod deliver;

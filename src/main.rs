@@ -41,7 +41,7 @@ fn main() -> ExitCode {
             };
         }
     };
-    let daemon = matches!(cli.command, Command::Run(_));
+    let daemon = matches!(cli.command, Command::Run(_) | Command::Console(_));
     if let Err(e) = init_logging(daemon) {
         eprintln!("error: {e}");
         return ExitCode::from(2);

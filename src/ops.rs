@@ -121,17 +121,62 @@ pub async fn dead_letters<C: GenericClient>(
         (&limit, Type::INT8),
     ];
     let rows = client.query_typed(queries::DEAD_LIST, &params).await?;
-    Ok(rows
+    Ok(rows.iter().map(dead_letter).collect())
+}
+
+fn dead_letter(r: &tokio_postgres::Row) -> DeadLetter {
+    DeadLetter {
+        id: r.get(0),
+        message_key: r.get(1),
+        channel: r.get(2),
+        attempts: r.get(3),
+        error_class: r.get(4),
+        last_error: r.get(5),
+        dead_at: stamp(r, 6).unwrap_or_default(),
+    }
+}
+
+/// One page of [`dead_letters`] (newest first, `limit` rows after skipping `offset`) and how
+/// many match the filter in all, for a pager (the console).
+pub async fn dead_letters_page<C: GenericClient>(
+    client: &C,
+    filter: &DeadFilter,
+    limit: i64,
+    offset: i64,
+) -> Result<(Vec<DeadLetter>, i64), tokio_postgres::Error> {
+    let (channel, class, since) = filter.params();
+    let params: [(&(dyn ToSql + Sync), Type); 5] = [
+        (&channel, Type::TEXT),
+        (&class, Type::TEXT),
+        (&since, Type::FLOAT8),
+        (&limit, Type::INT8),
+        (&offset, Type::INT8),
+    ];
+    let rows = client.query_typed(queries::DEAD_PAGE, &params).await?;
+    let total: i64 = client
+        .query_typed_one(queries::DEAD_COUNT, &params[..3])
+        .await?
+        .get(0);
+    Ok((rows.iter().map(dead_letter).collect(), total))
+}
+
+/// The `(id, key)` of every dead letter matching `filter`, by id: what an action on
+/// "everything the filter matches" touches.
+pub async fn dead_ids<C: GenericClient>(
+    client: &C,
+    filter: &DeadFilter,
+) -> Result<Vec<(i64, String)>, tokio_postgres::Error> {
+    let (channel, class, since) = filter.params();
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&channel, Type::TEXT),
+        (&class, Type::TEXT),
+        (&since, Type::FLOAT8),
+    ];
+    Ok(client
+        .query_typed(queries::DEAD_IDS, &params)
+        .await?
         .iter()
-        .map(|r| DeadLetter {
-            id: r.get(0),
-            message_key: r.get(1),
-            channel: r.get(2),
-            attempts: r.get(3),
-            error_class: r.get(4),
-            last_error: r.get(5),
-            dead_at: stamp(r, 6).unwrap_or_default(),
-        })
+        .map(|r| (r.get(0), r.get(1)))
         .collect())
 }
 
@@ -511,13 +556,65 @@ pub async fn held<C: GenericClient>(
         (&limit, Type::INT8),
     ];
     let rows = client.query_typed(queries::HELD_LIST, &params).await?;
-    Ok(rows
+    Ok(rows.iter().map(held_message).collect())
+}
+
+fn held_message(r: &tokio_postgres::Row) -> HeldMessage {
+    HeldMessage {
+        id: r.get(0),
+        message_key: r.get(1),
+        channel: r.get(2),
+        created_at: stamp(r, 3).unwrap_or_default(),
+    }
+}
+
+/// One page of [`held`] (oldest first, `limit` rows after skipping `offset`) and how many
+/// match the filter in all, for a pager (the console).
+pub async fn held_page<C: GenericClient>(
+    client: &C,
+    filter: &HeldFilter,
+    limit: i64,
+    offset: i64,
+) -> Result<(Vec<HeldMessage>, i64), tokio_postgres::Error> {
+    let channel = filter.channel.map(Channel::as_str);
+    let since = filter.since.map(|d| d.as_secs_f64());
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+        (&channel, Type::TEXT),
+        (&since, Type::FLOAT8),
+        (&limit, Type::INT8),
+        (&offset, Type::INT8),
+    ];
+    let rows = client.query_typed(queries::HELD_PAGE, &params).await?;
+    let total: i64 = client
+        .query_typed_one(queries::HELD_COUNT, &params[..2])
+        .await?
+        .get(0);
+    Ok((rows.iter().map(held_message).collect(), total))
+}
+
+/// Deliveries and failures in one minute of [`attempts_per_minute`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MinuteCount {
+    /// The minute's start, unix seconds (the database's clock).
+    pub minute: i64,
+    /// Attempts that delivered.
+    pub delivered: i64,
+    /// Attempts that failed (retried, dead, or whose lease was lost).
+    pub failed: i64,
+}
+
+/// The last hour of attempts, minute by minute, oldest first (always 60 minutes).
+pub async fn attempts_per_minute<C: GenericClient>(
+    client: &C,
+) -> Result<Vec<MinuteCount>, tokio_postgres::Error> {
+    Ok(client
+        .query_typed(queries::ATTEMPTS_PER_MINUTE, &[])
+        .await?
         .iter()
-        .map(|r| HeldMessage {
-            id: r.get(0),
-            message_key: r.get(1),
-            channel: r.get(2),
-            created_at: stamp(r, 3).unwrap_or_default(),
+        .map(|r| MinuteCount {
+            minute: r.get::<_, f64>(0) as i64,
+            delivered: r.get(1),
+            failed: r.get(2),
         })
         .collect())
 }

@@ -438,3 +438,73 @@ pub const REPLAY: &str = "SELECT id, message_key FROM outbox.replay($1::bigint[]
 /// include dead, `$3` batch size. Returns the number deleted.
 pub const PURGE_BATCH: &str =
     "SELECT outbox.purge(make_interval(secs => $1::float8), $2::bool, $3::int)";
+
+/// Console: one page of dead letters matching the filters of [`DEAD_LIST`] (`$1`..`$3`),
+/// newest first, `$4` rows after skipping `$5`. Same columns as [`DEAD_LIST`].
+pub const DEAD_PAGE: &str = r#"
+SELECT id, message_key, channel, attempts, error_class, last_error, dead_at
+FROM outbox.messages
+WHERE state = 'dead'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::text IS NULL OR error_class = $2::text)
+  AND ($3::float8 IS NULL OR dead_at >= now() - make_interval(secs => $3::float8))
+ORDER BY dead_at DESC, id DESC
+LIMIT $4 OFFSET $5
+"#;
+
+/// Console: how many dead letters match the filters of [`DEAD_LIST`] (`$1`..`$3`), for the
+/// pager and the confirmation step ("this touches N rows").
+pub const DEAD_COUNT: &str = r#"
+SELECT count(*)::bigint
+FROM outbox.messages
+WHERE state = 'dead'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::text IS NULL OR error_class = $2::text)
+  AND ($3::float8 IS NULL OR dead_at >= now() - make_interval(secs => $3::float8))
+"#;
+
+/// Console: one page of held messages matching the filters of [`HELD_LIST`] (`$1`, `$2`),
+/// oldest first, `$3` rows after skipping `$4`. Same columns as [`HELD_LIST`].
+pub const HELD_PAGE: &str = r#"
+SELECT id, message_key, channel, created_at
+FROM outbox.messages
+WHERE state = 'held'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::float8 IS NULL OR created_at >= now() - make_interval(secs => $2::float8))
+ORDER BY created_at, id
+LIMIT $3 OFFSET $4
+"#;
+
+/// Console: how many held messages match the filters of [`HELD_LIST`] (`$1`, `$2`).
+pub const HELD_COUNT: &str = r#"
+SELECT count(*)::bigint
+FROM outbox.messages
+WHERE state = 'held'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::float8 IS NULL OR created_at >= now() - make_interval(secs => $2::float8))
+"#;
+
+/// Console chart: deliveries and failures per minute over the last hour, from the attempt
+/// history. Always 60 rows, oldest first: `minute` (unix seconds of the minute's start, the
+/// database's clock), `delivered` (attempts whose outcome is `delivered`), `failed`
+/// (`retry`, `dead` or `lease_lost`: attempts that did not deliver). Operator actions
+/// (`replayed`, `approved`, …) and releases are not attempts that failed, so they count in
+/// neither. There is no index on `finished_at`: the read costs a scan of the history,
+/// which the daemon's retention keeps to about `--retention` of traffic (a page view, not
+/// a scrape).
+pub const ATTEMPTS_PER_MINUTE: &str = r#"
+WITH m AS (
+    SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes',
+                           date_trunc('minute', now()), interval '1 minute') AS minute
+), a AS (
+    SELECT date_trunc('minute', finished_at) AS minute, outcome
+    FROM outbox.attempts
+    WHERE finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+)
+SELECT extract(epoch FROM m.minute)::float8 AS minute,
+       count(a.outcome) FILTER (WHERE a.outcome = 'delivered')::bigint AS delivered,
+       count(a.outcome) FILTER (WHERE a.outcome IN ('retry', 'dead', 'lease_lost'))::bigint AS failed
+FROM m LEFT JOIN a ON a.minute = m.minute
+GROUP BY m.minute
+ORDER BY m.minute
+"#;

@@ -45,6 +45,21 @@ pub enum Command {
     Confirm(TargetsArgs),
     /// Delete finished messages older than a given age, in batches.
     Purge(PurgeArgs),
+    /// Serve the operator console in the browser (sign in with OUTBOXD_CONSOLE_TOKEN).
+    Console(ConsoleArgs),
+}
+
+/// `outboxd console`.
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    /// Address to listen on; OUTBOXD_CONSOLE_TOKEN is required unless it is loopback.
+    #[arg(
+        long,
+        env = "OUTBOXD_ADDR",
+        default_value = "127.0.0.1:9188",
+        value_name = "ADDR"
+    )]
+    pub addr: std::net::SocketAddr,
 }
 
 /// Filters shared by `dead` and `replay --all-dead`.

@@ -1,5 +1,5 @@
 //! The command line: `outboxd migrate | run | enqueue | status | dead | held | show | replay |
-//! approve | cancel | confirm | purge`.
+//! approve | cancel | confirm | purge | console`.
 //!
 //! [`dispatch`] is what `main` calls. The clap definitions are in `args`, the daemon in
 //! `run`, `enqueue` in its namesake, the operator commands in `ops`; settings are assembled
@@ -25,13 +25,14 @@ macro_rules! out_part {
 }
 
 mod args;
+mod console;
 mod enqueue;
 mod ops;
 mod run;
 
 pub use args::{
-    CancelArgs, Cli, Command, DeadArgs, DeadFilterArgs, EnqueueArgs, HeldArgs, PurgeArgs,
-    ReplayArgs, RunArgs, ShowArgs, StatusArgs, TargetsArgs,
+    CancelArgs, Cli, Command, ConsoleArgs, DeadArgs, DeadFilterArgs, EnqueueArgs, HeldArgs,
+    PurgeArgs, ReplayArgs, RunArgs, ShowArgs, StatusArgs, TargetsArgs,
 };
 pub use run::worker_settings;
 
@@ -55,6 +56,8 @@ pub struct Env {
     pub webhook_allow_hosts: Option<String>,
     /// `OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN`.
     pub email_message_id_domain: Option<String>,
+    /// `OUTBOXD_CONSOLE_TOKEN`: the console's sign-in token.
+    pub console_token: Option<String>,
 }
 
 /// The `OUTBOXD_WEBHOOK_SECRET_<NAME>` variables among `vars`, sorted by name.
@@ -83,6 +86,7 @@ impl Env {
             allow_private_networks: var("OUTBOXD_ALLOW_PRIVATE_NETWORKS"),
             webhook_allow_hosts: var("OUTBOXD_WEBHOOK_ALLOW_HOSTS"),
             email_message_id_domain: var("OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN"),
+            console_token: var("OUTBOXD_CONSOLE_TOKEN"),
         }
     }
 
@@ -151,6 +155,7 @@ pub async fn dispatch(cli: Cli, env: Env) -> Result<(), CliError> {
             ops::checkpoint(crate::ops::Checkpoint::Confirm, &args.targets, &env).await
         }
         Command::Purge(args) => ops::purge(args, &env).await,
+        Command::Console(args) => console::console(args, &env).await,
     }
 }
 

@@ -84,7 +84,7 @@ pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
 /// Installs the SIGTERM and SIGINT handlers now (before the first database call, so a
 /// signal during start-up is a graceful stop, not the default kill) and returns a token
 /// cancelled at the first of them.
-fn shutdown_signal() -> Result<tokio_util::sync::CancellationToken, CliError> {
+pub(super) fn shutdown_signal() -> Result<tokio_util::sync::CancellationToken, CliError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())
         .map_err(|e| runtime("cannot install a SIGTERM handler", e))?;

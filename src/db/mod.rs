@@ -150,3 +150,11 @@ pub fn describe_pool(err: &deadpool_postgres::PoolError) -> String {
         other => other.to_string(),
     }
 }
+
+/// Checks that the database answers on `client` ([`crate::queries::HEALTH_CHECK`]).
+pub async fn ping(client: &Client) -> Result<(), tokio_postgres::Error> {
+    client
+        .simple_query(crate::queries::HEALTH_CHECK)
+        .await
+        .map(|_| ())
+}

@@ -11,6 +11,7 @@ mod bad_input;
 mod checkpoints;
 mod cli;
 mod cli_bad_args;
+mod console;
 mod daemon;
 mod email;
 mod enqueue;

@@ -564,3 +564,47 @@ fn imports_point_one_way() {
     }
     report(&problems, "import direction");
 }
+
+/// (f) The console: every value reaches a page through maud's escaping (no `PreEscaped`,
+/// the one way around it), it holds no database handle of its own beyond a pooled client
+/// handed to `ops` and `status` (no `crate::queries`, no `query`/`execute` calls), and it
+/// sits below the cli.
+#[test]
+fn the_console_escapes_everything_and_holds_no_sql() {
+    let mut problems = Vec::new();
+    for src in sources("src/console") {
+        for line in &src.lines {
+            for (needle, why) in [
+                ("PreEscaped", "unescaped HTML in the console"),
+                (
+                    "crate::queries",
+                    "the console calls ops and status, not statements",
+                ),
+                (
+                    ".query(",
+                    "the console calls ops and status, not statements",
+                ),
+                (
+                    ".query_typed(",
+                    "the console calls ops and status, not statements",
+                ),
+                (
+                    ".execute(",
+                    "the console calls ops and status, not statements",
+                ),
+                ("crate::cli", "the console sits below the cli"),
+                ("crate::worker", "the console does not run the worker"),
+            ] {
+                if line.code.contains(needle) {
+                    problems.push(format!(
+                        "{}:{}: `{needle}`: {why}\n    {}",
+                        src.rel,
+                        line.number,
+                        line.text.trim()
+                    ));
+                }
+            }
+        }
+    }
+    report(&problems, "the console's invariants");
+}

@@ -8,6 +8,7 @@
 
 pub mod binary;
 pub mod cluster;
+pub mod console;
 pub mod faulty;
 pub mod receiver;
 pub mod smtp;

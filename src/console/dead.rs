@@ -1,0 +1,194 @@
+//! Dead letters: filters (channel, class, since), paging, and replay / cancel / confirm on
+//! the selected rows or on everything the filter matches (through the confirmation step
+//! of `action`).
+
+use axum::extract::{RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use maud::html;
+
+use super::auth::Signed;
+use super::{Failure, PAGE_SIZE, Shared, client, field, layout, pairs, quoted};
+use crate::model::{Channel, ErrorClass};
+use crate::ops::DeadFilter;
+
+/// The listing's query: the filter and the page (1-based).
+pub(crate) struct DeadQuery {
+    pub filter: DeadFilter,
+    pub page: i64,
+}
+
+/// Reads `channel`, `class`, `since` (a duration: `90s`, `15m`, `24h`, `7d`) and `page`;
+/// empty values are absent, anything else unknown is a one-line 400.
+pub(crate) fn parse_filter(q: &[(String, String)]) -> Result<DeadQuery, Failure> {
+    let channel = field(q, "channel")
+        .map(|c| {
+            Channel::parse(c).ok_or_else(|| {
+                Failure::BadRequest(format!("unknown channel {} (webhook or email)", quoted(c)))
+            })
+        })
+        .transpose()?;
+    let error_class = field(q, "class")
+        .map(|c| {
+            ErrorClass::parse(c).ok_or_else(|| {
+                Failure::BadRequest(format!(
+                    "unknown error class {} (transient, ambiguous, permanent, invalid or exhausted)",
+                    quoted(c)
+                ))
+            })
+        })
+        .transpose()?;
+    let since = parse_since(q)?;
+    Ok(DeadQuery {
+        filter: DeadFilter {
+            channel,
+            error_class,
+            since,
+        },
+        page: parse_page(q)?,
+    })
+}
+
+pub(crate) fn parse_since(q: &[(String, String)]) -> Result<Option<std::time::Duration>, Failure> {
+    field(q, "since")
+        .map(|s| {
+            crate::config::parse_duration(s)
+                .ok()
+                // Beyond a century the interval arithmetic in SQL would overflow.
+                .filter(|d| d.as_secs() <= 100 * 365 * 86_400)
+                .ok_or_else(|| {
+                    Failure::BadRequest(format!(
+                        "since must be a duration such as 90s, 15m, 24h or 7d (got {})",
+                        quoted(s)
+                    ))
+                })
+        })
+        .transpose()
+}
+
+pub(crate) fn parse_page(q: &[(String, String)]) -> Result<i64, Failure> {
+    match field(q, "page") {
+        None => Ok(1),
+        Some(p) => p
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=1_000_000).contains(n))
+            .ok_or_else(|| {
+                Failure::BadRequest(format!("page must be a number from 1 (got {})", quoted(p)))
+            }),
+    }
+}
+
+/// The filter as a query string (for the pager and the forms that carry it).
+pub(crate) fn filter_query(f: &DeadFilter) -> String {
+    let mut s = url::form_urlencoded::Serializer::new(String::new());
+    if let Some(c) = f.channel {
+        s.append_pair("channel", c.as_str());
+    }
+    if let Some(c) = f.error_class {
+        s.append_pair("class", c.as_str());
+    }
+    if let Some(d) = f.since {
+        s.append_pair("since", &format!("{}s", d.as_secs()));
+    }
+    s.finish()
+}
+
+/// `path?query`, or `path` alone when the query is empty.
+pub(crate) fn with_query(path: &str, query: &str) -> String {
+    if query.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{query}")
+    }
+}
+
+pub(crate) async fn page(
+    State(app): State<Shared>,
+    signed: Signed,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, Failure> {
+    let q = parse_filter(&pairs(raw.unwrap_or_default().as_bytes()))?;
+    let c = client(&app).await?;
+    let (rows, total) =
+        crate::ops::dead_letters_page(&**c, &q.filter, PAGE_SIZE, (q.page - 1) * PAGE_SIZE)
+            .await
+            .map_err(|e| Failure::db(&e))?;
+    let f = &q.filter;
+    let body = html! {
+        section {
+            form.filters method="get" action="/dead" id="filters" {
+                label { "Channel"
+                    select name="channel" id="f-channel" {
+                        option value="" { "any" }
+                        @for ch in Channel::ALL {
+                            option value=(ch.as_str()) selected[f.channel == Some(ch)] { (ch.as_str()) }
+                        }
+                    }
+                }
+                label { "Class"
+                    select name="class" id="f-class" {
+                        option value="" { "any" }
+                        @for cl in ErrorClass::ALL {
+                            option value=(cl.as_str()) selected[f.error_class == Some(cl)] { (cl.as_str()) }
+                        }
+                    }
+                }
+                label { "Died within (e.g. 1h, 7d)"
+                    input type="text" name="since" id="f-since" size="6" maxlength="20"
+                        value=[f.since.map(|d| format!("{}s", d.as_secs()))];
+                }
+                button type="submit" id="filter" { "Filter" }
+            }
+        }
+        section.scroll {
+            p id="match-count" { (total) " dead letter" @if total != 1 { "s" } " match." }
+            @if rows.is_empty() {
+                p.muted { "No dead letters." }
+            } @else {
+                form method="post" action="/action" id="rows" {
+                    input type="hidden" name="csrf" value=(signed.csrf);
+                    input type="hidden" name="from" value="dead";
+                    @if let Some(c) = f.channel { input type="hidden" name="channel" value=(c.as_str()); }
+                    @if let Some(c) = f.error_class { input type="hidden" name="class" value=(c.as_str()); }
+                    @if let Some(d) = f.since { input type="hidden" name="since" value={ (d.as_secs()) "s" }; }
+                    div.actions {
+                        button type="submit" name="do" value="replay:selected" id="replay-selected" { "Replay selected" }
+                        button.secondary type="submit" name="do" value="confirm:selected" id="confirm-selected" { "Confirm delivered" }
+                        button.danger type="submit" name="do" value="cancel:selected" id="cancel-selected" { "Cancel selected" }
+                    }
+                    table id="dead" {
+                        thead { tr {
+                            th { span.muted { "pick" } }
+                            th.num { "id" } th { "key" } th { "channel" }
+                            th.num.hide-narrow { "attempts" } th { "class" }
+                            th.hide-narrow { "dead at" } th { "last error" }
+                        } }
+                        tbody {
+                            @for d in &rows {
+                                tr data-id=(d.id) {
+                                    td { input type="checkbox" name="id" value=(d.id) aria-label={ "select " (d.id) }; }
+                                    td.num { a href={ "/message/" (d.id) } { (d.id) } }
+                                    td.key { a href={ "/message/" (d.id) } { (crate::text::escape(&d.message_key)) } }
+                                    td { (d.channel) }
+                                    td.num.hide-narrow { (d.attempts) }
+                                    td { (d.error_class.as_deref().unwrap_or("-")) }
+                                    td.hide-narrow { (d.dead_at) }
+                                    td.err { (crate::text::escape(d.last_error.as_deref().unwrap_or("-"))) }
+                                }
+                            }
+                        }
+                    }
+                    div.actions {
+                        button.secondary type="submit" name="do" value="replay:filter" id="replay-all" { "Replay all " (total) " matching" }
+                        button.secondary type="submit" name="do" value="cancel:filter" id="cancel-all" { "Cancel all " (total) " matching" }
+                        @if f.error_class == Some(ErrorClass::Ambiguous) {
+                            button.secondary type="submit" name="do" value="confirm:filter" id="confirm-all" { "Confirm all " (total) " delivered" }
+                        }
+                    }
+                }
+                (layout::pager(&with_query("/dead", &filter_query(f)), q.page, total, PAGE_SIZE))
+            }
+        }
+    };
+    Ok(layout::page("Dead letters", Some(&signed), body).into_response())
+}

@@ -1,0 +1,110 @@
+//! The frame every page shares, the sign-in page and the error page.
+//!
+//! Every value is interpolated by maud, which escapes it; nothing here uses `PreEscaped`.
+
+use axum::http::StatusCode;
+use axum::response::Html;
+use maud::{DOCTYPE, Markup, html};
+
+use super::auth::Signed;
+
+/// A page: the header (navigation, lookup, who is signed in, sign-out) and `body`.
+pub(crate) fn page(title: &str, signed: Option<&Signed>, body: Markup) -> Html<String> {
+    let markup = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · outboxd console" }
+                link rel="stylesheet" href="/style.css";
+            }
+            body {
+                header {
+                    span.brand { "outboxd" }
+                    @if let Some(s) = signed {
+                        nav {
+                            a href="/" { "Overview" }
+                            a href="/dead" { "Dead letters" }
+                            a href="/held" { "Held" }
+                        }
+                        form action="/lookup" method="get" role="search" {
+                            input type="search" name="q" placeholder="id or key" aria-label="id or key" maxlength="255";
+                            button type="submit" { "Look up" }
+                        }
+                        span.who { "signed in as " b { (s.name) } }
+                        form action="/signout" method="post" {
+                            input type="hidden" name="csrf" value=(s.csrf);
+                            button.secondary type="submit" { "Sign out" }
+                        }
+                    }
+                }
+                main {
+                    h1 { (title) }
+                    (body)
+                }
+            }
+        }
+    };
+    Html(markup.into_string())
+}
+
+/// The sign-in form; `token` says whether a token is asked for.
+pub(crate) fn signin(token: bool, problem: Option<&str>) -> Html<String> {
+    page(
+        "Sign in",
+        None,
+        html! {
+            section.signin {
+                @if let Some(p) = problem {
+                    p.error id="problem" { (p) }
+                }
+                form method="post" action="/signin" {
+                    label { "Your name (shown in the history as console:NAME)"
+                        input type="text" name="name" id="name" required maxlength="40"
+                            pattern="[A-Za-z0-9._@-]{1,40}" autocomplete="username";
+                    }
+                    @if token {
+                        label { "Token (OUTBOXD_CONSOLE_TOKEN)"
+                            input type="password" name="token" id="token" required autocomplete="current-password";
+                        }
+                    }
+                    button type="submit" id="signin" { "Sign in" }
+                }
+            }
+        },
+    )
+}
+
+/// The one-line error page.
+pub(crate) fn error_page(status: StatusCode, line: &str) -> Html<String> {
+    let title = status.canonical_reason().unwrap_or("Error");
+    page(
+        title,
+        None,
+        html! {
+            section.error {
+                p id="error" { (line) }
+                p { a href="/" { "Back to the overview" } }
+            }
+        },
+    )
+}
+
+/// A pager's links: previous and next pages of `base` (a path and its query without
+/// `page`), when there are any.
+pub(crate) fn pager(base: &str, page: i64, total: i64, size: i64) -> Markup {
+    let pages = ((total + size - 1) / size).max(1);
+    let sep = if base.contains('?') { '&' } else { '?' };
+    html! {
+        div.pager {
+            @if page > 1 {
+                a href={ (base) (sep) "page=" (page - 1) } rel="prev" { "← previous" }
+            }
+            span.muted { "page " (page) " of " (pages) }
+            @if page < pages {
+                a href={ (base) (sep) "page=" (page + 1) } rel="next" { "next →" }
+            }
+        }
+    }
+}

@@ -1,0 +1,870 @@
+//! `outboxd console`: the real binary on a real database, driven by headless Chromium (what
+//! an operator does) and by a plain HTTP client (what an attacker does: forged POSTs,
+//! hostile input, the headers a browser relies on).
+
+use std::time::Duration;
+
+use crate::common::binary::{outboxd, run};
+use crate::common::console::{
+    Browser, Console, HttpSession, TOKEN, WAIT, form, get, http, post_form, sign_in,
+};
+use crate::common::receiver::{Receiver, Reply};
+use crate::common::{
+    RunningWorker, TestDb, enqueue_webhook, test_webhook_config, test_worker_config, wait_for_state,
+};
+
+const XSS_KEY: &str = "<script>document.title='pwned'</script>";
+
+async fn enqueue_held(db: &TestDb, key: &str, url: &str) -> i64 {
+    let c = db.client().await;
+    let msg =
+        outboxd::NewMessage::webhook(key, serde_json::json!({"url": url, "body": {"k": key}}))
+            .held(true);
+    outboxd::enqueue(&c, &msg).await.unwrap().id
+}
+
+/// A dead e-mail, made by hand (no relay needed): a held row set dead, as a refused
+/// recipient leaves one.
+async fn dead_email(db: &TestDb, key: &str) -> i64 {
+    let c = db.client().await;
+    let msg = outboxd::NewMessage::email(
+        key,
+        serde_json::json!({"from": "shop@example.com", "to": ["a@example.com"], "subject": "Hi", "text": "T"}),
+    )
+    .held(true);
+    let id = outboxd::enqueue(&c, &msg).await.unwrap().id;
+    c.execute(
+        "UPDATE outbox.messages SET state = 'dead', dead_at = now(), error_class = 'permanent', \
+         last_error = '550 5.1.1 no such user' WHERE id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    id
+}
+
+/// Everything that could change: every message's state, attempts and errors, and the count
+/// of history rows.
+async fn snapshot(db: &TestDb) -> (String, i64) {
+    let rows: String = db
+        .scalar(
+            "SELECT coalesce(string_agg(id || ':' || state || ':' || attempts || ':' || \
+             coalesce(error_class, '') || ':' || coalesce(last_error, ''), ',' ORDER BY id), '') \
+             FROM outbox.messages",
+        )
+        .await;
+    let history: i64 = db.scalar("SELECT count(*) FROM outbox.attempts").await;
+    (rows, history)
+}
+
+/// Waits for `css` to hold `want` (the page may still be the one before a click).
+async fn wait_text(b: &Browser, css: &str, want: &str) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Ok(e) = b.client.find(fantoccini::Locator::Css(css)).await {
+            if let Ok(t) = e.text().await {
+                if t.contains(want) {
+                    return;
+                }
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {css} to contain {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_signs_in_sees_the_counts_filters_replays_and_approves_in_a_browser() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    // The first request fails, so order-1 dies (one attempt allowed); later ones succeed.
+    rx.script([Reply::Status(500)]);
+    let worker = RunningWorker::start(&db, test_worker_config("w1"), test_webhook_config());
+    let dead_id = enqueue_webhook(
+        &db,
+        "order-1:notify",
+        &rx.url("/hook?token=SECRET"),
+        1,
+        true,
+    )
+    .await;
+    wait_for_state(&db, "order-1:notify", "dead", Duration::from_secs(15)).await;
+    let mail_id = dead_email(&db, "order-1:mail").await;
+    let held_id = enqueue_held(&db, "refund-7:approve", &rx.url("/refunds")).await;
+    let xss_id = enqueue_held(&db, XSS_KEY, &rx.url("/x")).await;
+
+    let console = Console::start(&db);
+    let b = Browser::start(1280, 900).await;
+
+    // A wrong token is refused: the form again, with the reason, and no session.
+    b.sign_in(&console, "alice", "not-the-token-at-all").await;
+    wait_text(&b, "#problem", "wrong token").await;
+    b.screenshot("signin").await;
+    b.client.goto(&console.url("/")).await.unwrap();
+    b.wait_for("#name").await;
+
+    b.sign_in(&console, "alice", TOKEN).await;
+    b.wait_for("#counts").await;
+    assert_eq!(b.text("tr[data-state=dead] td.total").await, "2");
+    assert_eq!(b.text("tr[data-state=held] td.total").await, "2");
+    assert_eq!(
+        b.text("tr[data-state=dead] td[data-channel=email]").await,
+        "1"
+    );
+    wait_text(&b, "#chart-summary", "1 failed").await;
+    b.screenshot("overview").await;
+
+    // Filter the dead letters: webhook only.
+    b.open(&console.url("/dead"), "#filters").await;
+    wait_text(&b, "#match-count", "2 dead letters match").await;
+    b.screenshot("dead").await;
+    b.wait_for("#f-channel")
+        .await
+        .select_by_value("webhook")
+        .await
+        .unwrap();
+    b.wait_for("#filter").await.click().await.unwrap();
+    wait_text(&b, "#match-count", "1 dead letter match").await;
+    let listed = b.text("#dead tbody").await;
+    assert!(
+        listed.contains("order-1:notify") && !listed.contains("order-1:mail"),
+        "{listed}"
+    );
+
+    // Replay it: a confirmation that says how many, then the change.
+    b.wait_for(&format!("tr[data-id='{dead_id}'] input[type=checkbox]"))
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.click("#replay-selected", "#touches").await;
+    wait_text(&b, "#touches", "replays 1 message").await;
+    b.screenshot("confirm").await;
+    b.click("#do-it", "#result").await;
+    wait_text(&b, "#result", "replayed 1 message(s)").await;
+    wait_for_state(&db, "order-1:notify", "delivered", Duration::from_secs(15)).await;
+
+    // Its story: the replay by alice, then the delivery.
+    b.open(&console.url(&format!("/message/{dead_id}")), "#history")
+        .await;
+    let history = b.text("#history").await;
+    assert!(
+        history.contains("replayed") && history.contains("console:alice"),
+        "{history}"
+    );
+    assert!(history.contains("delivered"), "{history}");
+    let payload = b.text("#payload").await;
+    assert!(
+        !payload.contains("SECRET") && !payload.contains("/hook"),
+        "{payload}"
+    );
+    b.screenshot("message").await;
+
+    // Held: the hostile key is text, not a script; approve the other one.
+    b.open(&console.url("/held"), "#held").await;
+    let keys = b.text("#held tbody").await;
+    assert!(keys.contains(XSS_KEY), "the key is shown as text: {keys}");
+    assert_ne!(b.client.title().await.unwrap(), "pwned");
+    let scripts = b
+        .client
+        .find_all(fantoccini::Locator::Css("script"))
+        .await
+        .unwrap();
+    assert!(scripts.is_empty(), "no script element on the page");
+    b.screenshot("held").await;
+    b.wait_for(&format!("tr[data-id='{held_id}'] input[type=checkbox]"))
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.click("#approve-selected", "#touches").await;
+    wait_text(&b, "#touches", "approves 1 message").await;
+    b.click("#do-it", "#result").await;
+    wait_text(&b, "#result", "approved 1 message(s)").await;
+    wait_for_state(
+        &db,
+        "refund-7:approve",
+        "delivered",
+        Duration::from_secs(15),
+    )
+    .await;
+    let worker_of: String = db
+        .scalar(&format!(
+            "SELECT worker FROM outbox.attempts WHERE message_id = {held_id} AND outcome = 'approved'"
+        ))
+        .await;
+    assert_eq!(worker_of, "console:alice");
+    // The others were not touched.
+    assert_eq!(crate::common::row(&db, "order-1:mail").await.state, "dead");
+    assert_eq!(crate::common::row(&db, XSS_KEY).await.state, "held");
+    let _ = (mail_id, xss_id);
+
+    // The same pages at a phone's width.
+    b.client.set_window_size(390, 844).await.unwrap();
+    for (path, name, css) in [
+        ("/".to_owned(), "overview-phone", "#counts"),
+        ("/dead".to_owned(), "dead-phone", "#dead"),
+        ("/held".to_owned(), "held-phone", "#held"),
+        (format!("/message/{dead_id}"), "message-phone", "#history"),
+    ] {
+        b.open(&console.url(&path), css).await;
+        b.screenshot(name).await;
+    }
+    b.close().await;
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_forged_post_is_refused_with_403_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let id = dead_email(&db, "forged:target").await;
+    let console = Console::start(&db);
+    let s = sign_in(&console, "alice").await;
+    let before = snapshot(&db).await;
+    let ids = id.to_string();
+    let action = |csrf: &str| {
+        let mut pairs = vec![
+            ("do", "replay:selected"),
+            ("id", ids.as_str()),
+            ("confirmed", "yes"),
+        ];
+        if !csrf.is_empty() {
+            pairs.push(("csrf", csrf));
+        }
+        form(&pairs)
+    };
+    // No token, a wrong one, another session's one, and no session at all.
+    let other = sign_in(&console, "mallory").await;
+    for (cookie, body) in [
+        (Some(s.cookie.as_str()), action("")),
+        (Some(s.cookie.as_str()), action(&"0".repeat(64))),
+        (Some(s.cookie.as_str()), action(&other.csrf)),
+        (None, action(&s.csrf)),
+    ] {
+        let res = post_form(&console.url("/action"), cookie, body).await;
+        assert_eq!(res.status(), 403);
+        let text = res.text().await.unwrap();
+        assert!(text.contains("nothing changed"), "{text}");
+        assert_eq!(
+            snapshot(&db).await,
+            before,
+            "a forged POST changed something"
+        );
+    }
+    // No state change on GET either.
+    let res = get(
+        &console.url(&format!(
+            "/action?do=replay:selected&id={id}&confirmed=yes&csrf={}",
+            s.csrf
+        )),
+        &s.cookie,
+    )
+    .await;
+    assert_eq!(res.status(), 405);
+    assert_eq!(snapshot(&db).await, before);
+    // Signing out needs the token too.
+    let res = post_form(&console.url("/signout"), Some(&s.cookie), String::new()).await;
+    assert_eq!(res.status(), 403);
+
+    // The same request with the session's token does it (so the refusals above were the
+    // CSRF check, not a broken request).
+    let res = post_form(&console.url("/action"), Some(&s.cookie), action(&s.csrf)).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        crate::common::row(&db, "forged:target").await.state,
+        "pending"
+    );
+}
+
+#[tokio::test]
+async fn pages_carry_a_strict_csp_and_the_cookie_is_httponly_and_samesite_strict() {
+    let db = TestDb::new().await;
+    let console = Console::start(&db);
+    let res = post_form(
+        &console.url("/signin"),
+        None,
+        form(&[("name", "alice"), ("token", TOKEN)]),
+    )
+    .await;
+    let cookie = res.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(cookie.starts_with("outboxd_session="), "{cookie}");
+    for flag in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age="] {
+        assert!(cookie.contains(flag), "{flag} in {cookie}");
+    }
+    assert!(
+        !cookie.contains("Secure"),
+        "no Secure on loopback (plain HTTP): {cookie}"
+    );
+    let session = cookie.split(';').next().unwrap().to_owned();
+    for path in [
+        "/",
+        "/dead",
+        "/held",
+        "/signin",
+        "/style.css",
+        "/message/1",
+        "/nope",
+    ] {
+        let res = get(&console.url(path), &session).await;
+        let h = res.headers();
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("style-src 'self'"),
+            "{path}: {csp}"
+        );
+        assert!(
+            !csp.contains("unsafe-inline") && !csp.contains("script-src"),
+            "{path}: {csp}"
+        );
+        assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(h["x-frame-options"], "DENY", "{path}");
+    }
+    // No page without a session: to the sign-in form.
+    let res = http().get(console.url("/dead")).send().await.unwrap();
+    assert_eq!(res.status(), 303);
+    assert_eq!(res.headers()["location"], "/signin");
+    // A session id that is not one is no session.
+    let res = get(
+        &console.url("/"),
+        &format!("outboxd_session={}", "a".repeat(64)),
+    )
+    .await;
+    assert_eq!(res.status(), 303);
+}
+
+#[tokio::test]
+async fn a_wrong_token_is_refused_and_sign_in_is_rate_limited() {
+    let db = TestDb::new().await;
+    let console = Console::start(&db);
+    for _ in 0..5 {
+        let res = post_form(
+            &console.url("/signin"),
+            None,
+            form(&[("name", "eve"), ("token", "guess-guess-guess-guess")]),
+        )
+        .await;
+        assert_eq!(res.status(), 401);
+        assert!(res.headers().get("set-cookie").is_none());
+    }
+    // Past five failures, even the right token waits.
+    let res = post_form(
+        &console.url("/signin"),
+        None,
+        form(&[("name", "alice"), ("token", TOKEN)]),
+    )
+    .await;
+    assert_eq!(res.status(), 429);
+    assert!(res.headers().get("set-cookie").is_none());
+}
+
+/// The body's error line (`<p id="error">…</p>`), which must be one line.
+fn error_line(page: &str) -> String {
+    let start = page.find("<p id=\"error\">").expect("an error page") + "<p id=\"error\">".len();
+    let end = start + page[start..].find("</p>").unwrap();
+    page[start..end].to_owned()
+}
+
+#[tokio::test]
+async fn hostile_input_gets_a_one_line_error_page_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let dead = dead_email(&db, "hostile:dead").await;
+    let held = enqueue_held(&db, "hostile:held", "https://h.example/").await;
+    let console = Console::start(&db);
+    let HttpSession { cookie, csrf } = sign_in(&console, "alice").await;
+    let before = snapshot(&db).await;
+    let long = "k".repeat(100_000);
+    let long_reason = "r".repeat(501);
+    let gets: Vec<(String, u16)> = vec![
+        ("/message/abc".into(), 400),
+        ("/message/-1".into(), 400),
+        ("/message/99999999999999999999".into(), 400),
+        ("/message/%00".into(), 400),
+        ("/message/%3Cscript%3E".into(), 400),
+        ("/message/424242".into(), 404),
+        ("/lookup?q=".into(), 400),
+        (format!("/lookup?q={}", "k".repeat(300)), 400),
+        (
+            "/lookup?q=%1B%5B31m%3Cscript%3Ealert(1)%3C%2Fscript%3E%0Aforged".into(),
+            404,
+        ),
+        ("/lookup?q=%FF%FE".into(), 404),
+        ("/dead?channel=%3Cscript%3E".into(), 400),
+        ("/dead?class=fatal%0D%0Aline".into(), 400),
+        ("/dead?since=999999999999d".into(), 400),
+        ("/dead?since=-1h".into(), 400),
+        ("/dead?page=0".into(), 400),
+        ("/dead?page=1e9".into(), 400),
+        ("/held?channel=sms".into(), 400),
+    ];
+    for (path, status) in &gets {
+        let res = get(&console.url(path), &cookie).await;
+        assert_eq!(res.status().as_u16(), *status, "{path}");
+        let page = res.text().await.unwrap();
+        let line = error_line(&page);
+        assert!(
+            !line.contains('\n') && !line.contains('<') && !line.contains('\u{1b}'),
+            "{path}: {line:?}"
+        );
+        assert!(!page.contains("<script>"), "{path}: rendered as text");
+        assert!(line.chars().count() < 300, "{path}: {line}");
+    }
+    let dead_s = dead.to_string();
+    let held_s = held.to_string();
+    let many: Vec<(&str, &str)> = std::iter::repeat_n(("id", dead_s.as_str()), 501).collect();
+    let posts: Vec<(Vec<(&str, &str)>, u16)> = vec![
+        (
+            vec![
+                ("do", "replay:selected"),
+                ("id", "1e5"),
+                ("confirmed", "yes"),
+            ],
+            400,
+        ),
+        (
+            vec![
+                ("do", "replay:selected"),
+                ("id", "\0"),
+                ("confirmed", "yes"),
+            ],
+            400,
+        ),
+        (
+            vec![
+                ("do", "replay:selected"),
+                ("id", "-3"),
+                ("confirmed", "yes"),
+            ],
+            400,
+        ),
+        (vec![("do", "replay:selected"), ("confirmed", "yes")], 400),
+        (
+            vec![
+                ("do", "explode:selected"),
+                ("id", &dead_s),
+                ("confirmed", "yes"),
+            ],
+            400,
+        ),
+        (
+            vec![("do", "<script>"), ("id", &dead_s), ("confirmed", "yes")],
+            400,
+        ),
+        (
+            vec![
+                ("do", "replay:selected"),
+                ("id", "987654"),
+                ("confirmed", "yes"),
+            ],
+            404,
+        ),
+        // The wrong state: all or nothing, named, nothing changed.
+        (
+            vec![
+                ("do", "replay:selected"),
+                ("id", &dead_s),
+                ("id", &held_s),
+                ("confirmed", "yes"),
+            ],
+            409,
+        ),
+        (
+            vec![
+                ("do", "approve:selected"),
+                ("id", &dead_s),
+                ("confirmed", "yes"),
+            ],
+            409,
+        ),
+        (
+            vec![
+                ("do", "confirm:selected"),
+                ("id", &dead_s),
+                ("confirmed", "yes"),
+            ],
+            409,
+        ),
+        (
+            vec![
+                ("do", "cancel:selected"),
+                ("id", &held_s),
+                ("reason", "two\nlines"),
+                ("confirmed", "yes"),
+            ],
+            400,
+        ),
+        (
+            vec![
+                ("do", "cancel:selected"),
+                ("id", &held_s),
+                ("reason", &long_reason),
+                ("confirmed", "yes"),
+            ],
+            400,
+        ),
+        (
+            vec![
+                ("do", "cancel:selected"),
+                ("id", &held_s),
+                ("reason", "nul\0byte"),
+                ("confirmed", "yes"),
+            ],
+            400,
+        ),
+        (
+            vec![
+                ("do", "approve:filter"),
+                ("from", "dead"),
+                ("confirmed", "yes"),
+            ],
+            400,
+        ),
+        (
+            vec![
+                ("do", "replay:filter"),
+                ("from", "dead"),
+                ("channel", "x\u{202e}y"),
+            ],
+            400,
+        ),
+        (vec![("do", "replay:filter"), ("from", "nowhere")], 400),
+    ];
+    let mut bodies: Vec<String> = posts
+        .iter()
+        .map(|(pairs, _)| {
+            let mut p = pairs.clone();
+            p.push(("csrf", &csrf));
+            form(&p)
+        })
+        .collect();
+    let mut statuses: Vec<u16> = posts.iter().map(|(_, s)| *s).collect();
+    let mut p = many.clone();
+    p.extend([("do", "replay:selected"), ("csrf", csrf.as_str())]);
+    bodies.push(form(&p));
+    statuses.push(400);
+    for (body, status) in bodies.into_iter().zip(statuses) {
+        let shown: String = body.chars().take(120).collect();
+        let res = post_form(&console.url("/action"), Some(&cookie), body).await;
+        assert_eq!(res.status().as_u16(), status, "{shown}");
+        let page = res.text().await.unwrap();
+        let line = error_line(&page);
+        assert!(line.contains("nothing"), "{shown}: {line}");
+        assert!(
+            !line.contains('\n') && !line.contains('<'),
+            "{shown}: {line:?}"
+        );
+        assert_eq!(snapshot(&db).await, before, "{shown} changed something");
+    }
+    // A body past the limit is refused before it is read.
+    let res = post_form(
+        &console.url("/action"),
+        Some(&cookie),
+        format!("csrf={csrf}&do=replay:selected&id={dead}&confirmed=yes&pad={long}"),
+    )
+    .await;
+    assert_eq!(res.status(), 413);
+    // Bad names at sign-in.
+    for name in ["", "a\nb", "<b>x</b>", &"n".repeat(41), "al ice", "ålice"] {
+        let res = post_form(
+            &console.url("/signin"),
+            None,
+            form(&[("name", name), ("token", TOKEN)]),
+        )
+        .await;
+        assert_eq!(res.status(), 400, "{name:?}");
+        assert!(res.headers().get("set-cookie").is_none());
+    }
+    assert_eq!(snapshot(&db).await, before);
+}
+
+#[tokio::test]
+async fn the_filter_scope_confirms_how_many_rows_and_touches_exactly_those() {
+    let db = TestDb::new().await;
+    let a = dead_email(&db, "scope:a").await;
+    let b = dead_email(&db, "scope:b").await;
+    let console = Console::start(&db);
+    let s = sign_in(&console, "bob").await;
+    let before = snapshot(&db).await;
+    // Step one changes nothing and names both.
+    let res = post_form(
+        &console.url("/action"),
+        Some(&s.cookie),
+        form(&[
+            ("csrf", &s.csrf),
+            ("do", "cancel:filter"),
+            ("from", "dead"),
+            ("channel", "email"),
+        ]),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    let page = res.text().await.unwrap();
+    assert!(page.contains("cancels <b>2 messages</b>"), "{page}");
+    assert!(page.contains("scope:a") && page.contains("scope:b"));
+    assert_eq!(snapshot(&db).await, before);
+    // A third appears meanwhile: the confirmed action touches the two it showed.
+    let c = dead_email(&db, "scope:c").await;
+    let (ids, _) = (format!("{a}"), format!("{b}"));
+    let b_s = b.to_string();
+    let res = post_form(
+        &console.url("/action"),
+        Some(&s.cookie),
+        form(&[
+            ("csrf", &s.csrf),
+            ("do", "cancel:selected"),
+            ("id", &ids),
+            ("id", &b_s),
+            ("reason", "duplicate order"),
+            ("confirmed", "yes"),
+        ]),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    for (key, state) in [
+        ("scope:a", "cancelled"),
+        ("scope:b", "cancelled"),
+        ("scope:c", "dead"),
+    ] {
+        assert_eq!(crate::common::row(&db, key).await.state, state, "{key}");
+    }
+    let reason: String = db
+        .scalar(&format!("SELECT error || ' by ' || worker FROM outbox.attempts WHERE message_id = {a} AND outcome = 'cancelled'"))
+        .await;
+    assert_eq!(reason, "duplicate order by console:bob");
+    let _ = c;
+}
+
+#[test]
+fn start_up_refuses_a_non_loopback_address_without_a_token() {
+    // The refusal comes before any database call or bind: the URL leads nowhere.
+    let url = crate::common::binary::UNREACHABLE_URL;
+    for (args, env, needle) in [
+        (
+            vec!["console", "--addr", "0.0.0.0:9188"],
+            vec![],
+            "OUTBOXD_CONSOLE_TOKEN is required",
+        ),
+        (
+            vec!["console"],
+            vec![("OUTBOXD_ADDR", "[::]:9188")],
+            "OUTBOXD_CONSOLE_TOKEN is required",
+        ),
+        (
+            vec!["console", "--addr", "192.0.2.1:9188"],
+            vec![("OUTBOXD_CONSOLE_TOKEN", "")],
+            "OUTBOXD_CONSOLE_TOKEN is required",
+        ),
+        (
+            vec!["console", "--addr", "0.0.0.0:9188"],
+            vec![("OUTBOXD_CONSOLE_TOKEN", "short")],
+            "at least 16",
+        ),
+        (
+            vec!["console", "--addr", "not-an-address"],
+            vec![],
+            "invalid",
+        ),
+    ] {
+        let mut cmd = outboxd(Some(url));
+        cmd.args(&args);
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let out = run(&mut cmd);
+        assert_eq!(out.code, Some(2), "{args:?} {env:?}: {}", out.stderr);
+        let lines = out.stderr_lines();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains(needle), "{lines:?}");
+        assert!(!out.stderr.contains("short"), "the token is never echoed");
+    }
+}
+
+#[tokio::test]
+async fn on_loopback_without_a_token_a_name_signs_in() {
+    let db = TestDb::new().await;
+    let console = Console::start_with(&db, None);
+    let page = http()
+        .get(console.url("/signin"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!page.contains("name=\"token\""), "no token field");
+    let res = post_form(&console.url("/signin"), None, form(&[("name", "carol")])).await;
+    assert_eq!(res.status(), 303);
+    assert!(
+        res.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .contains("HttpOnly")
+    );
+    // Still a session, and a CSRF token for every change.
+    let cookie = res.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let page = get(&console.url("/"), &cookie).await.text().await.unwrap();
+    assert!(page.contains("signed in as <b>carol</b>"), "{page}");
+    let res = post_form(&console.url("/signout"), Some(&cookie), String::new()).await;
+    assert_eq!(res.status(), 403);
+}
+
+#[tokio::test]
+async fn no_token_header_value_url_path_or_query_reaches_a_page_or_the_log() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let msg = outboxd::NewMessage::webhook(
+        "secret:carrier",
+        serde_json::json!({"url": "https://user:PASSWORD@h.example/hooks/PATHSECRET?token=QUERYSECRET",
+            "headers": {"Authorization": "Bearer HEADERSECRET"}, "body": {"visible": true}}),
+    )
+    .held(true);
+    let id = outboxd::enqueue(&c, &msg).await.unwrap().id;
+    let console = Console::start(&db);
+    // A wrong sign-in first: the attempt is logged, the token tried is not.
+    let wrong = "WRONGTOKENSECRET-0123";
+    post_form(
+        &console.url("/signin"),
+        None,
+        form(&[("name", "eve"), ("token", wrong)]),
+    )
+    .await;
+    let s = sign_in(&console, "alice").await;
+    let page = get(&console.url(&format!("/message/{id}")), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("https://h.example/[redacted]") && page.contains("visible"),
+        "{page}"
+    );
+    for secret in [
+        "PASSWORD",
+        "PATHSECRET",
+        "QUERYSECRET",
+        "HEADERSECRET",
+        TOKEN,
+    ] {
+        assert!(!page.contains(secret), "{secret} on the page");
+    }
+    // An action, so the log has something to say about it.
+    let res = post_form(
+        &console.url("/action"),
+        Some(&s.cookie),
+        form(&[
+            ("csrf", &s.csrf),
+            ("do", "cancel:selected"),
+            ("id", &id.to_string()),
+            ("confirmed", "yes"),
+        ]),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !console.log().contains("console: action") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no action logged: {}",
+            console.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = console.log();
+    assert!(
+        log.contains("alice") && log.contains("wrong token"),
+        "{log}"
+    );
+    for secret in [
+        "PASSWORD",
+        "PATHSECRET",
+        "QUERYSECRET",
+        "HEADERSECRET",
+        TOKEN,
+        wrong,
+        &s.csrf,
+    ] {
+        assert!(!log.contains(secret), "{secret} in the log: {log}");
+    }
+    let session_id = s.cookie.trim_start_matches("outboxd_session=");
+    assert!(!log.contains(session_id), "the session id in the log");
+}
+
+#[tokio::test]
+async fn dead_letters_page_by_fifty_and_filter_by_class_and_age() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for i in 0..60 {
+        dead_email(&db, &format!("page:{i:02}")).await;
+    }
+    // One ambiguous, two days old.
+    let old = dead_email(&db, "page:old").await;
+    c.execute(
+        "UPDATE outbox.messages SET error_class = 'ambiguous', dead_at = now() - interval '2 days' WHERE id = $1",
+        &[&old],
+    )
+    .await
+    .unwrap();
+    let console = Console::start(&db);
+    let s = sign_in(&console, "alice").await;
+    let rows = |page: &str| page.matches("<tr data-id=").count();
+    let p1 = get(&console.url("/dead"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(p1.contains("61 dead letters match"), "{p1}");
+    assert_eq!(rows(&p1), 50);
+    assert!(
+        p1.contains("page 1 of 2") && p1.contains("href=\"/dead?page=2\""),
+        "{p1}"
+    );
+    let p2 = get(&console.url("/dead?page=2"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(rows(&p2), 11);
+    let amb = get(&console.url("/dead?class=ambiguous"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        amb.contains("1 dead letter match") && amb.contains("page:old"),
+        "{amb}"
+    );
+    // Only an ambiguous filter offers "confirm all".
+    assert!(amb.contains("id=\"confirm-all\"") && !p1.contains("id=\"confirm-all\""));
+    let recent = get(&console.url("/dead?since=1h&channel=email"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(recent.contains("60 dead letters match") && !recent.contains("page:old"));
+    let none = get(&console.url("/dead?channel=webhook"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(none.contains("0 dead letters match"));
+    // Lookup by key and by id lands on the message.
+    let res = get(&console.url("/lookup?q=page%3Aold"), &s.cookie).await;
+    assert_eq!(res.status(), 303);
+    assert_eq!(
+        res.headers()["location"],
+        format!("/message/{old}").as_str()
+    );
+    let res = get(&console.url(&format!("/lookup?q={old}")), &s.cookie).await;
+    assert_eq!(
+        res.headers()["location"],
+        format!("/message/{old}").as_str()
+    );
+}
