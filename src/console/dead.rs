@@ -117,14 +117,7 @@ pub(crate) async fn page(
     let body = html! {
         section {
             form.filters method="get" action="/dead" id="filters" {
-                label { "Channel"
-                    select name="channel" id="f-channel" {
-                        option value="" { "any" }
-                        @for ch in Channel::ALL {
-                            option value=(ch.as_str()) selected[f.channel == Some(ch)] { (ch.as_str()) }
-                        }
-                    }
-                }
+                (layout::channel_select(f.channel))
                 label { "Class"
                     select name="class" id="f-class" {
                         option value="" { "any" }
@@ -133,10 +126,7 @@ pub(crate) async fn page(
                         }
                     }
                 }
-                label { "Died within (e.g. 1h, 7d)"
-                    input type="text" name="since" id="f-since" size="6" maxlength="20"
-                        value=[f.since.map(|d| format!("{}s", d.as_secs()))];
-                }
+                (layout::since_input("Died within (e.g. 1h, 7d)", f.since))
                 button type="submit" id="filter" { "Filter" }
             }
         }

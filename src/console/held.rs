@@ -52,18 +52,8 @@ pub(crate) async fn page(
     let body = html! {
         section {
             form.filters method="get" action="/held" id="filters" {
-                label { "Channel"
-                    select name="channel" id="f-channel" {
-                        option value="" { "any" }
-                        @for ch in Channel::ALL {
-                            option value=(ch.as_str()) selected[f.channel == Some(ch)] { (ch.as_str()) }
-                        }
-                    }
-                }
-                label { "Enqueued within (e.g. 1h, 7d)"
-                    input type="text" name="since" id="f-since" size="6" maxlength="20"
-                        value=[f.since.map(|d| format!("{}s", d.as_secs()))];
-                }
+                (layout::channel_select(f.channel))
+                (layout::since_input("Enqueued within (e.g. 1h, 7d)", f.since))
                 button type="submit" id="filter" { "Filter" }
             }
         }

@@ -108,3 +108,27 @@ pub(crate) fn pager(base: &str, page: i64, total: i64, size: i64) -> Markup {
         }
     }
 }
+
+/// The filter form's channel picker (`name="channel"`), with `chosen` selected.
+pub(crate) fn channel_select(chosen: Option<crate::model::Channel>) -> Markup {
+    html! {
+        label { "Channel"
+            select name="channel" id="f-channel" {
+                option value="" { "any" }
+                @for ch in crate::model::Channel::ALL {
+                    option value=(ch.as_str()) selected[chosen == Some(ch)] { (ch.as_str()) }
+                }
+            }
+        }
+    }
+}
+
+/// The filter form's age field (`name="since"`), showing `since` in seconds.
+pub(crate) fn since_input(label: &str, since: Option<std::time::Duration>) -> Markup {
+    html! {
+        label { (label)
+            input type="text" name="since" id="f-since" size="6" maxlength="20"
+                value=[since.map(|d| format!("{}s", d.as_secs()))];
+        }
+    }
+}
