@@ -408,6 +408,25 @@ pub async fn release<C: GenericClient>(
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
+/// Gives back claimed messages that are not to be sent yet (`(id, token, delay)`): each is
+/// `pending` again, due after its delay, its attempt not counted and no history row written
+/// (`queries::DEFER`). Returns the ids deferred (those whose lease was still ours).
+pub async fn defer<C: GenericClient>(
+    client: &C,
+    rows: &[(i64, Uuid, Duration)],
+) -> Result<Vec<i64>, tokio_postgres::Error> {
+    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let tokens: Vec<Uuid> = rows.iter().map(|r| r.1).collect();
+    let delays: Vec<f64> = rows.iter().map(|r| r.2.as_secs_f64()).collect();
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&ids, Type::INT8_ARRAY),
+        (&tokens, Type::UUID_ARRAY),
+        (&delays, Type::FLOAT8_ARRAY),
+    ];
+    let rows = client.query_typed(queries::DEFER, &params).await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
 /// True while anything of `channels` is pending or running.
 pub async fn has_unfinished<C: GenericClient>(
     client: &C,

@@ -35,6 +35,16 @@ pub const OLDEST_DUE: &str = "outboxd_oldest_due_seconds";
 /// Rows returned by each claim.
 pub const CLAIM_BATCH_SIZE: &str = "outboxd_claim_batch_size";
 
+/// Claimed messages given back unsent to be tried later, by channel and reason.
+pub const DEFERRALS_TOTAL: &str = "outboxd_deferrals_total";
+
+/// Records one deferral (`state::Deferral`): not an attempt, so not in
+/// [`DELIVERIES_TOTAL`].
+pub fn deferred(channel: Channel, reason: crate::state::DeferReason) {
+    metrics::counter!(DEFERRALS_TOTAL, "channel" => channel.as_str(), "reason" => reason.as_str())
+        .increment(1);
+}
+
 /// Records one finished attempt.
 pub fn attempt(channel: Channel, outcome: AttemptOutcome, duration: Duration) {
     metrics::counter!(DELIVERIES_TOTAL, "channel" => channel.as_str(), "outcome" => outcome.as_str()).increment(1);
@@ -73,6 +83,10 @@ pub fn install() -> Result<PrometheusHandle, ConfigError> {
     metrics::describe_counter!(
         DELIVERIES_TOTAL,
         "Delivery attempts finished, by channel and outcome."
+    );
+    metrics::describe_counter!(
+        DEFERRALS_TOTAL,
+        "Claimed messages given back unsent to be tried later (not attempts), by channel and reason."
     );
     metrics::describe_histogram!(
         DELIVERY_DURATION,

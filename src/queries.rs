@@ -214,6 +214,23 @@ SELECT id, attempt, $3::text, now(), now(), 'released' FROM released
 RETURNING message_id
 "#;
 
+/// Defer: give back claimed messages that are not to be sent yet (an open circuit breaker, a
+/// rate limit, a busy host; `state::Deferral`), fenced by lease token. Like [`RELEASE`] the
+/// attempt is not counted (`attempts - 1`); unlike it, the row is due only after its delay and
+/// no history row is written: a deferral is a decision about when to send, made again and
+/// again while a destination is down, and a row per decision would grow the history without
+/// bound while telling an operator nothing the destination's state does not. `$1` ids, `$2`
+/// tokens, `$3` delays in seconds. Returns the ids deferred.
+pub const DEFER: &str = r#"
+UPDATE outbox.messages m SET
+    state = 'pending', attempts = m.attempts - 1,
+    run_after = now() + make_interval(secs => i.delay),
+    lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+FROM unnest($1::bigint[], $2::uuid[], $3::float8[]) AS i(id, token, delay)
+WHERE m.id = i.id AND m.state = 'running' AND m.lease_token = i.token
+RETURNING m.id
+"#;
+
 /// Is there anything left for these channels (`$1`)? True while any message is `pending`
 /// (due or not) or `running`: what `--drain` waits for.
 ///

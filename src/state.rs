@@ -85,6 +85,59 @@ impl Transition {
     }
 }
 
+/// Why a claimed message was given back unsent, to be tried again later: a decision about
+/// *when* to send, not about how an attempt ended, so it spends none of the budget
+/// (`attempts - 1`) and writes no history row (a breaker open for an hour would otherwise
+/// write a row per message per poll). The message keeps its key and bytes. Written by
+/// `queries::DEFER`; logged per message as `deferred=<reason>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeferReason {
+    /// The destination's circuit breaker is open (or another worker holds its probe).
+    Breaker,
+    /// The destination's rate limit (`OUTBOXD_WEBHOOK_RATE_LIMITS`) has no token to spare.
+    RateLimit,
+    /// The destination already has `--host-concurrency` requests in flight.
+    HostBusy,
+    /// An earlier message of its ordering group is not finished.
+    Ordering,
+}
+
+impl DeferReason {
+    /// Every reason, for tests and metric descriptions.
+    pub const ALL: [DeferReason; 4] = [
+        DeferReason::Breaker,
+        DeferReason::RateLimit,
+        DeferReason::HostBusy,
+        DeferReason::Ordering,
+    ];
+
+    /// The name in logs (`deferred=rate_limit`) and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeferReason::Breaker => "breaker",
+            DeferReason::RateLimit => "rate_limit",
+            DeferReason::HostBusy => "host_busy",
+            DeferReason::Ordering => "ordering",
+        }
+    }
+}
+
+/// A deferral: `running → pending`, due again after `delay`, the attempt not counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deferral {
+    /// Why it was not sent now.
+    pub reason: DeferReason,
+    /// How long until it may be claimed again.
+    pub delay: Duration,
+}
+
+impl Deferral {
+    /// The state a deferral leads to: always `pending`.
+    pub fn next_state(&self) -> State {
+        State::Pending
+    }
+}
+
 /// The facts about a message that decide what a failure costs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {

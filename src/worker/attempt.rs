@@ -16,12 +16,38 @@ use crate::claim::{Claimed, Completion};
 use crate::deliver::webhook::reconcile::Lookup;
 use crate::deliver::{Outgoing, Ready};
 use crate::model::{Channel, ErrorClass};
-use crate::state::{Budget, Ended, decide};
+use crate::state::{Budget, DeferReason, Deferral, Ended, decide};
 
 /// What a delivery task hands to the completer.
 pub(super) enum Done {
     Completed(Completion, AttemptLog),
     Released(i64, Uuid),
+    /// Not sent now (a breaker, a rate limit, a busy host): pending again after the delay,
+    /// uncounted, no history row.
+    Deferred(Deferred),
+}
+
+/// A claimed message given back unsent, to be tried again later ([`Deferral`]).
+pub(super) struct Deferred {
+    pub(super) id: i64,
+    pub(super) lease_token: Uuid,
+    pub(super) key: String,
+    pub(super) channel: Channel,
+    pub(super) deferral: Deferral,
+}
+
+impl Deferred {
+    /// Defers `msg` for `reason`, due again after `delay`.
+    #[allow(dead_code)] // the destination rules (issue 18) are its callers
+    pub(super) fn new(msg: Claimed, reason: DeferReason, delay: Duration) -> Done {
+        Done::Deferred(Deferred {
+            id: msg.id,
+            lease_token: msg.lease_token,
+            key: msg.key,
+            channel: msg.channel,
+            deferral: Deferral { reason, delay },
+        })
+    }
 }
 
 /// What the attempt's log event needs beyond the completion.

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
-use super::attempt::{AttemptLog, Done};
+use super::attempt::{AttemptLog, Deferred, Done};
 use super::db_call::{Backoff, bounded, checkout};
 use crate::claim::{self, Completion};
 use crate::model::{AttemptOutcome, ErrorClass};
@@ -69,6 +69,7 @@ pub(super) async fn completer(
         let mut completions = Vec::new();
         let mut logs = Vec::new();
         let mut releases = Vec::new();
+        let mut deferrals = Vec::new();
         for d in buf.drain(..) {
             match d {
                 Done::Completed(c, l) => {
@@ -76,9 +77,10 @@ pub(super) async fn completer(
                     logs.push(l);
                 }
                 Done::Released(id, token) => releases.push((id, token)),
+                Done::Deferred(d) => deferrals.push(d),
             }
         }
-        let n = completions.len() + releases.len();
+        let n = completions.len() + releases.len() + deferrals.len();
         if !completions.is_empty() {
             let recorded = retry_db!(shared, hard_stop, "recording attempts", |client| {
                 claim::complete_cached(client, &shared.cfg.worker_id, &completions)
@@ -106,9 +108,45 @@ pub(super) async fn completer(
                 lock(&shared.summary).released += ids.len() as u64;
             }
         }
+        if !deferrals.is_empty() {
+            let rows: Vec<_> = deferrals
+                .iter()
+                .map(|d| (d.id, d.lease_token, d.deferral.delay))
+                .collect();
+            let deferred = retry_db!(shared, hard_stop, "deferring messages", |client| {
+                claim::defer(&***client, &rows)
+            });
+            if let Some(ids) = deferred {
+                log_deferrals(&shared, &deferrals, &ids);
+            }
+        }
         shared.inflight.fetch_sub(n, Ordering::SeqCst);
         shared.wake.notify_one();
     }
+}
+
+/// One line per deferral, `deferred=<reason>`; a row whose lease was no longer ours was
+/// not touched and says so.
+fn log_deferrals(shared: &Shared, deferrals: &[Deferred], ids: &[i64]) {
+    let ours: std::collections::HashSet<i64> = ids.iter().copied().collect();
+    for d in deferrals {
+        if ours.contains(&d.id) {
+            crate::metrics::deferred(d.channel, d.deferral.reason);
+            tracing::info!(
+                message_id = d.id, key = %crate::text::Escaped(&d.key), channel = %d.channel,
+                deferred = d.deferral.reason.as_str(),
+                retry_in_ms = d.deferral.delay.as_millis() as u64,
+                "not sent now; due again later, the attempt not counted"
+            );
+        } else {
+            tracing::warn!(
+                message_id = d.id, key = %crate::text::Escaped(&d.key), channel = %d.channel,
+                deferred = d.deferral.reason.as_str(),
+                "could not defer: the lease had been taken over"
+            );
+        }
+    }
+    lock(&shared.summary).deferred += ids.len() as u64;
 }
 
 pub(super) fn log_attempts(

@@ -66,6 +66,8 @@ pub struct RunSummary {
     pub lease_lost: u64,
     /// Claimed messages given back unstarted at shutdown.
     pub released: u64,
+    /// Claimed messages given back unsent to be tried later, uncounted (`state::Deferral`).
+    pub deferred: u64,
 }
 
 /// Why the worker stopped with an error.
@@ -176,6 +178,7 @@ impl Worker {
             dead = summary.dead,
             lease_lost = summary.lease_lost,
             released = summary.released,
+            deferred = summary.deferred,
             "worker stopped"
         );
         Ok(summary)

@@ -443,6 +443,83 @@ async fn release_gives_back_unstarted_rows_without_counting_the_attempt() {
     assert!(again.iter().all(|m| m.attempt == 1));
 }
 
+/// A deferral (`state::Deferral`: an open breaker, a rate limit) is `pending` again after
+/// its delay, keeps its attempt budget, key and bytes, writes no history row, and is fenced
+/// like every other write: a stale worker's deferral changes nothing.
+#[tokio::test]
+async fn deferral_sql_agrees_with_the_state_machine() {
+    use outboxd::state::{DeferReason, Deferral};
+    let db = TestDb::new().await;
+    enqueue_n(&db, "def", "https://example.com/h", 2).await;
+    let c = db.client().await;
+    let before: serde_json::Value = c
+        .query_one(
+            "SELECT payload FROM outbox.messages WHERE message_key = 'def:0'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let mut claimed = claim_n(&c, 2, "w", Duration::from_secs(60)).await.claimed;
+    claimed.sort_by_key(|m| m.id);
+    assert!(claimed.iter().all(|m| m.attempt == 1));
+    for reason in DeferReason::ALL {
+        let d = Deferral {
+            reason,
+            delay: Duration::from_secs(30),
+        };
+        assert_eq!(d.next_state().as_str(), "pending");
+    }
+    // The second row's token is stale: its deferral must not touch it.
+    let rows = vec![
+        (
+            claimed[0].id,
+            claimed[0].lease_token,
+            Duration::from_secs(30),
+        ),
+        (claimed[1].id, uuid::Uuid::nil(), Duration::from_secs(30)),
+    ];
+    let deferred = claim::defer(&c, &rows).await.unwrap();
+    assert_eq!(deferred, vec![claimed[0].id]);
+    let r = c
+        .query_one(
+            "SELECT state, attempts, run_after > now() + interval '20 seconds', \
+             lease_token IS NULL, lease_owner IS NULL, payload, message_key, error_class \
+             FROM outbox.messages WHERE id = $1",
+            &[&claimed[0].id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, String>(0), "pending");
+    assert_eq!(r.get::<_, i32>(1), 0, "the attempt is not counted");
+    assert!(r.get::<_, bool>(2), "due only after the delay");
+    assert!(r.get::<_, bool>(3) && r.get::<_, bool>(4), "lease cleared");
+    assert_eq!(r.get::<_, serde_json::Value>(5), before, "same bytes");
+    assert_eq!(r.get::<_, String>(6), "def:0", "same key");
+    assert_eq!(r.get::<_, Option<String>>(7), None);
+    assert_eq!(
+        row(&db, "def:1").await.state,
+        "running",
+        "stale token: untouched"
+    );
+    let history: i64 = c
+        .query_one("SELECT count(*) FROM outbox.attempts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(history, 0, "no history row per deferral");
+    // Due again (moved forward here instead of waiting), it is attempt 1 again.
+    c.execute(
+        "UPDATE outbox.messages SET run_after = now() WHERE message_key = 'def:0'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let again = claim_n(&c, 2, "w", Duration::from_secs(60)).await.claimed;
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].id, again[0].attempt), (claimed[0].id, 1));
+}
+
 #[tokio::test]
 async fn shutdown_lets_an_in_flight_attempt_finish() {
     let db = TestDb::new().await;
