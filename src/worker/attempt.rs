@@ -36,10 +36,10 @@ pub(super) struct Deferred {
     pub(super) deferral: Deferral,
 }
 
-impl Deferred {
+impl Done {
     /// Defers `msg` for `reason`, due again after `delay`.
     #[allow(dead_code)] // the destination rules (issue 18) are its callers
-    pub(super) fn new(msg: Claimed, reason: DeferReason, delay: Duration) -> Done {
+    pub(super) fn deferred(msg: Claimed, reason: DeferReason, delay: Duration) -> Done {
         Done::Deferred(Deferred {
             id: msg.id,
             lease_token: msg.lease_token,
