@@ -8,7 +8,12 @@
 //! * `BENCH_BODY` — the 300-byte JSON body the peers' figures used;
 //! * `BENCH_OUT` — a scratch folder for daemon logs;
 //! * `BENCH_ONLY` — comma-separated sections (default: all): throughput, enqueue, latency,
-//!   memory, depth, ceiling;
+//!   memory, depth, ceiling, scaleout;
+//! * `BENCH_PG_PIDFILE`, `BENCH_NGINX_PIDFILE` — the cluster's `postmaster.pid` and nginx's
+//!   pid file, for the scale-out section's CPU accounting (from /proc);
+//! * `BENCH_SCALEOUT` (`1x64,2x32,4x16,2x64,4x64,1x256`: processes × concurrency each),
+//!   `BENCH_QUIET_WAIT` (180: the longest wait, in seconds, for a quieter machine before
+//!   each scale-out round);
 //! * `BENCH_N` (20000), `BENCH_RUNS` (3), `BENCH_DEPTH_PENDING` (1000000),
 //!   `BENCH_DEPTH_DELIVERED` (10000000), `BENCH_LATENCY_RATE` (500), `BENCH_LATENCY_SECS` (10).
 //!
@@ -69,7 +74,7 @@ impl Opts {
             out: env_or("BENCH_OUT", "/tmp/outboxd-bench").into(),
             only: env_or(
                 "BENCH_ONLY",
-                "throughput,enqueue,latency,memory,depth,ceiling",
+                "throughput,enqueue,latency,memory,depth,ceiling,scaleout",
             )
             .split(',')
             .map(|s| s.trim().to_owned())
@@ -796,8 +801,12 @@ async fn window_run(o: &Opts, url: &str, tag: &str) -> anyhow::Result<f64> {
     let before = sink_requests(&o.sink_status)?;
     let d = spawn_daemon(o, url, &["--concurrency", "64"], &format!("{tag}.log"))?;
     let started = d.started;
+    let mut polls = 0u64;
     loop {
-        let seen = sink_requests(&o.sink_status)? - before;
+        // nginx's counter includes every status request, this one included: without
+        // taking them out, the clock stopped a poll per 2 ms early (about 5 % of a run).
+        polls += 1;
+        let seen = (sink_requests(&o.sink_status)? - before).saturating_sub(polls);
         if seen >= o.n as u64 {
             break;
         }
@@ -1140,6 +1149,7 @@ async fn main() -> anyhow::Result<()> {
         "memory",
         "ceiling",
         "depth",
+        "scaleout",
     ] {
         if !o.wants(name) {
             continue;
@@ -1151,6 +1161,7 @@ async fn main() -> anyhow::Result<()> {
             "latency" => latency(&o, &mut rows).await?,
             "memory" => memory(&o, &mut rows).await?,
             "ceiling" => ceiling(&o, &mut rows).await?,
+            "scaleout" => scaleout(&o, &mut rows).await?,
             _ => depth(&o, &mut rows).await?,
         }
         let share = steal.percent();
@@ -1167,6 +1178,604 @@ async fn main() -> anyhow::Result<()> {
     println!("|---|---|---|");
     for r in rows {
         println!("| {} | {} | {} |", r.figure, r.result, r.target);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Scale-out: several `outboxd run` processes against one database (issue 16).
+// ---------------------------------------------------------------------------------------
+
+/// One configuration of the scale-out section: `procs` daemons, each `--concurrency conc`.
+#[derive(Clone, Copy, PartialEq)]
+struct Shape {
+    procs: usize,
+    conc: usize,
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}×{}", self.procs, self.conc)
+    }
+}
+
+/// `BENCH_SCALEOUT`: comma-separated `PxC` (processes × per-process concurrency), run in
+/// this order in every round. The default keeps the total in flight at 64 for 1, 2 and 4
+/// processes, then keeps 64 per process (2×64, 4×64), and ends with one process at 256 (the
+/// same total in flight as 4×64, so that "more processes" and "more in flight" separate).
+fn scaleout_shapes() -> anyhow::Result<Vec<Shape>> {
+    let spec = env_or("BENCH_SCALEOUT", "1x64,2x32,4x16,2x64,4x64,1x256");
+    spec.split(',')
+        .map(|s| {
+            let (p, c) = s
+                .trim()
+                .split_once('x')
+                .with_context(|| format!("BENCH_SCALEOUT: {s:?} is not PxC"))?;
+            let shape = Shape {
+                procs: p
+                    .parse()
+                    .with_context(|| format!("BENCH_SCALEOUT: {s:?}"))?,
+                conc: c
+                    .parse()
+                    .with_context(|| format!("BENCH_SCALEOUT: {s:?}"))?,
+            };
+            if shape.procs == 0 || shape.procs > 16 || shape.conc == 0 {
+                bail!("BENCH_SCALEOUT: {s:?}: 1..16 processes, concurrency ≥ 1");
+            }
+            Ok(shape)
+        })
+        .collect()
+}
+
+/// Clock ticks per second of /proc's CPU fields (USER_HZ; 100 on every Linux we run on).
+fn clk_tck() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// From /proc/PID/stat: (ppid, utime + stime, cutime + cstime) in clock ticks. The
+/// children's fields hold the CPU of children the process has reaped: PostgreSQL's
+/// backends that exited are in the postmaster's.
+fn proc_stat(pid: u32) -> Option<(u32, u64, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: fields start after the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+    Some((num(1)? as u32, num(11)? + num(12)?, num(13)? + num(14)?))
+}
+
+/// CPU ticks of a process tree one level deep: the root (with its reaped children) and
+/// its live children. The postmaster and its backends and auxiliary processes; nginx's
+/// master and worker.
+fn tree_ticks(root: u32) -> u64 {
+    let mut total = proc_stat(root).map_or(0, |(_, own, reaped)| own + reaped);
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some((ppid, own, _)) = proc_stat(pid)
+                && ppid == root
+            {
+                total += own;
+            }
+        }
+    }
+    total
+}
+
+fn own_ticks(pid: u32) -> u64 {
+    proc_stat(pid).map_or(0, |(_, own, _)| own)
+}
+
+/// The first line of a pid file (postmaster.pid, nginx.pid).
+fn pid_from_file(var: &str) -> Option<u32> {
+    let path = std::env::var(var).ok()?;
+    std::fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The machine's CPU counters from /proc/stat's first line, in clock ticks summed over cores.
+#[derive(Clone, Copy, Default)]
+struct Machine {
+    busy: u64,
+    idle: u64,
+    steal: u64,
+}
+
+impl Machine {
+    fn now() -> Machine {
+        let t: Vec<u64> = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| s.lines().next().map(str::to_owned))
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .filter_map(|v| v.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let g = |i: usize| t.get(i).copied().unwrap_or(0);
+        // user nice system idle iowait irq softirq steal
+        Machine {
+            busy: g(0) + g(1) + g(2) + g(5) + g(6),
+            idle: g(3) + g(4),
+            steal: g(7),
+        }
+    }
+
+    fn since(&self, earlier: &Machine) -> Machine {
+        Machine {
+            busy: self.busy.saturating_sub(earlier.busy),
+            idle: self.idle.saturating_sub(earlier.idle),
+            steal: self.steal.saturating_sub(earlier.steal),
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.busy + self.idle + self.steal
+    }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn load1() -> f64 {
+    loadavg()
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits (bounded by `BENCH_QUIET_WAIT` seconds, default 180) until the machine is quiet:
+/// the 1-minute load average at most 1.5 *and* other processes using at most a quarter of
+/// the two cores over a 2-second probe while this benchmark runs nothing (the load average
+/// lags by a minute and also counts this benchmark's own last runs; the probe alone can
+/// fall into a pause of a neighbour's build). Returns the probe's busy share when it went
+/// on.
+async fn wait_for_quiet() -> f64 {
+    let limit = Duration::from_secs(env_num("BENCH_QUIET_WAIT", 180));
+    let t = Instant::now();
+    loop {
+        let m0 = Machine::now();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let m = Machine::now().since(&m0);
+        let busy = 100.0 * m.busy as f64 / m.total().max(1) as f64;
+        let steal = 100.0 * m.steal as f64 / m.total().max(1) as f64;
+        let load = load1();
+        let quiet = load <= 1.5 && busy <= 25.0;
+        if quiet || t.elapsed() >= limit {
+            let waited = t.elapsed().as_secs_f64();
+            println!(
+                "  quiet check: load {} , others busy {busy:.0} % and steal {steal:.0} % over 2 s{}",
+                loadavg(),
+                if !quiet {
+                    format!(" — still busy after {waited:.0} s, going on anyway")
+                } else if waited > 3.0 {
+                    format!(" (waited {waited:.0} s)")
+                } else {
+                    String::new()
+                }
+            );
+            return busy;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+}
+
+/// What a sampler saw of the daemons' backends in `pg_stat_activity`, every 10 ms.
+#[derive(Default)]
+struct Waits {
+    samples: u64,
+    /// Backend-samples by what an active backend was doing: "CPU" (active, no wait
+    /// event), or "type:event".
+    active: HashMap<String, u64>,
+    /// Backend-samples idle (waiting for the daemon) or idle in transaction.
+    idle: u64,
+    max_conns: u64,
+}
+
+impl Waits {
+    fn mean(&self, n: u64) -> f64 {
+        n as f64 / self.samples.max(1) as f64
+    }
+
+    fn summary(&self) -> String {
+        let mut by: Vec<(&String, &u64)> = self.active.iter().collect();
+        by.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let parts: Vec<String> = by
+            .iter()
+            .take(5)
+            .map(|(k, v)| format!("{k} {:.2}", self.mean(**v)))
+            .collect();
+        format!(
+            "backends: {} connections, active {:.2} ({}), idle {:.2}; {} samples",
+            self.max_conns,
+            self.all_active(),
+            parts.join(", "),
+            self.mean(self.idle),
+            self.samples
+        )
+    }
+
+    /// Mean number of daemon backends waiting on a heavyweight lock (row, tuple,
+    /// transaction id): contention on the claim would show here.
+    fn lock(&self) -> f64 {
+        self.mean(
+            self.active
+                .iter()
+                .filter(|(k, _)| k.starts_with("Lock:"))
+                .map(|(_, v)| v)
+                .sum(),
+        )
+    }
+
+    fn lwlock(&self) -> f64 {
+        self.mean(
+            self.active
+                .iter()
+                .filter(|(k, _)| k.starts_with("LWLock:"))
+                .map(|(_, v)| v)
+                .sum(),
+        )
+    }
+
+    fn all_active(&self) -> f64 {
+        self.mean(self.active.values().sum())
+    }
+
+    fn cpu(&self) -> f64 {
+        self.mean(self.active.get("CPU").copied().unwrap_or(0))
+    }
+}
+
+async fn sample_waits(client: Arc<Client>, stop: Arc<std::sync::atomic::AtomicBool>) -> Waits {
+    let mut w = Waits::default();
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        if let Ok(rows) = client
+            .query(
+                "SELECT state, wait_event_type, wait_event FROM pg_stat_activity
+                 WHERE application_name = 'outboxd' AND backend_type = 'client backend'",
+                &[],
+            )
+            .await
+        {
+            w.samples += 1;
+            w.max_conns = w.max_conns.max(rows.len() as u64);
+            for r in rows {
+                let state: Option<String> = r.get(0);
+                let wtype: Option<String> = r.get(1);
+                let event: Option<String> = r.get(2);
+                if state.as_deref() == Some("active") {
+                    let k = match (wtype, event) {
+                        (Some(t), Some(e)) => format!("{t}:{e}"),
+                        _ => "CPU".to_owned(),
+                    };
+                    *w.active.entry(k).or_default() += 1;
+                } else {
+                    w.idle += 1;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    w
+}
+
+/// One scale-out run's figures.
+struct ScaleRun {
+    rate: f64,
+    /// CPU seconds per delivery, in µs: the daemons together, PostgreSQL, nginx.
+    daemons_us: f64,
+    pg_us: f64,
+    nginx_us: f64,
+    /// Shares of the two cores over the clocked window, in %.
+    idle: f64,
+    steal: f64,
+    others: f64,
+    xacts_per_1000: f64,
+    waits: Waits,
+}
+
+/// The connections the scale-out section keeps for itself, and the processes it accounts.
+struct ScaleCtx<'a> {
+    url: &'a str,
+    client: &'a Client,
+    /// Polls "is anything unfinished" on the benchmark database after the sink has seen
+    /// every request; its backend's CPU and transactions are taken out of PostgreSQL's.
+    probe: &'a Client,
+    probe_pid: u32,
+    /// Samples `pg_stat_activity` from the `postgres` database; its CPU is taken out too.
+    sampler: Arc<Client>,
+    sampler_pid: u32,
+    postmaster: Option<u32>,
+    nginx: Option<u32>,
+    tck: f64,
+}
+
+async fn backend_pid(c: &Client) -> anyhow::Result<u32> {
+    Ok(c.query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get::<_, i32>(0) as u32)
+}
+
+/// Committed and rolled-back transactions of the benchmark database, pending stats of this
+/// session flushed first.
+async fn db_xacts(c: &Client) -> anyhow::Result<i64> {
+    c.batch_execute("SELECT pg_stat_force_next_flush()").await?;
+    c.batch_execute("SELECT 1").await?;
+    c.batch_execute("SELECT pg_stat_clear_snapshot()").await?;
+    Ok(c.query_one(
+        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database
+             WHERE datname = current_database()",
+        &[],
+    )
+    .await?
+    .get(0))
+}
+
+async fn scaleout_run(
+    o: &Opts,
+    ctx: &ScaleCtx<'_>,
+    shape: Shape,
+    tag: &str,
+) -> anyhow::Result<ScaleRun> {
+    let client = ctx.client;
+    reset(client).await?;
+    load_jobs(client, "so", o.n, &o.payload(&o.sink)).await?;
+    client
+        .batch_execute("VACUUM ANALYZE outbox.messages")
+        .await?;
+    client.batch_execute("CHECKPOINT").await?;
+    let load_at_start = loadavg();
+    let xacts0 = db_xacts(client).await?;
+    let sink0 = sink_requests(&o.sink_status)?;
+    let pg_side = || {
+        ctx.postmaster.map(|pm| {
+            tree_ticks(pm).saturating_sub(own_ticks(ctx.probe_pid) + own_ticks(ctx.sampler_pid))
+        })
+    };
+    let pg0 = pg_side();
+    let ng0 = ctx.nginx.map(tree_ticks);
+    let m0 = Machine::now();
+
+    let conc = shape.conc.to_string();
+    let mut daemons = Vec::new();
+    for p in 0..shape.procs {
+        daemons.push(spawn_daemon(
+            o,
+            ctx.url,
+            &["--drain", "--concurrency", &conc],
+            &format!("{tag}-p{p}.log"),
+        )?);
+    }
+    let started = daemons[0].started;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = tokio::spawn(sample_waits(ctx.sampler.clone(), stop.clone()));
+
+    // The clock stops when nothing is unfinished: first the sink has counted every request
+    // (cheap to poll), then the database has no pending or running row left (completions
+    // trail the requests by a flush). Not at the daemons' exit: a daemon whose claim comes
+    // back empty while the others still hold rows sleeps a poll interval (1 s) before its
+    // drain check, which would add up to a second to a 2-3 s run.
+    let limit = Duration::from_secs(300);
+    let mut polls = 0u64;
+    loop {
+        // nginx counts each status request too, this one included.
+        polls += 1;
+        let seen = (sink_requests(&o.sink_status)? - sink0).saturating_sub(polls);
+        if seen >= o.n as u64 {
+            break;
+        }
+        for d in &mut daemons {
+            if let Some(st) = d.child.try_wait()? {
+                bail!("{tag}: a daemon exited early ({st}) after {seen} requests");
+            }
+        }
+        if started.elapsed() > limit {
+            bail!("{tag}: only {seen} requests in {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let channels = vec!["webhook".to_owned()];
+    let mut probes = 0i64;
+    loop {
+        let unfinished: bool = ctx
+            .probe
+            .query_one(outboxd::queries::HAS_UNFINISHED, &[&channels])
+            .await?
+            .get(0);
+        probes += 1;
+        if !unfinished {
+            break;
+        }
+        if started.elapsed() > limit {
+            bail!("{tag}: rows still unfinished after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let wall = started.elapsed();
+    let m = Machine::now().since(&m0);
+    let daemon_ticks: u64 = daemons.iter().map(|d| own_ticks(d.pid())).sum();
+    let pg_ticks = pg_side().zip(pg0).map(|(a, b)| a.saturating_sub(b));
+    let ng_ticks = ctx
+        .nginx
+        .map(tree_ticks)
+        .zip(ng0)
+        .map(|(a, b)| a.saturating_sub(b));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let waits = sampler.await?;
+
+    for d in daemons {
+        d.stop().await?;
+    }
+    // The daemons' backends flush their statistics as they exit.
+    let t = Instant::now();
+    loop {
+        let left: i64 = ctx
+            .sampler
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outboxd'",
+                &[],
+            )
+            .await?
+            .get(0);
+        if left == 0 || t.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let xacts = db_xacts(client).await? - xacts0 - probes;
+    let sent = (sink_requests(&o.sink_status)? - sink0).saturating_sub(polls + 1);
+    let delivered: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox.messages WHERE state = 'delivered'",
+            &[],
+        )
+        .await?
+        .get(0);
+    if delivered as usize != o.n {
+        bail!("{tag}: {delivered} of {} delivered", o.n);
+    }
+
+    let n = o.n as f64;
+    let per = |ticks: u64| ticks as f64 / ctx.tck * 1e6 / n;
+    let share = |ticks: u64| 100.0 * ticks as f64 / m.total().max(1) as f64;
+    let ours = daemon_ticks + pg_ticks.unwrap_or(0) + ng_ticks.unwrap_or(0);
+    let run = ScaleRun {
+        rate: n / wall.as_secs_f64(),
+        daemons_us: per(daemon_ticks),
+        pg_us: pg_ticks.map_or(f64::NAN, per),
+        nginx_us: ng_ticks.map_or(f64::NAN, per),
+        idle: share(m.idle),
+        steal: share(m.steal),
+        others: share(m.busy.saturating_sub(ours)),
+        xacts_per_1000: 1000.0 * xacts as f64 / n,
+        waits,
+    };
+    println!(
+        "  {tag} ({shape}): {} jobs in {:.3} s = {}/s (sink saw {sent}); CPU per delivery: \
+         daemons {:.0} µs, PostgreSQL {:.0} µs, nginx {:.0} µs; of the two cores: idle {:.0} %, \
+         steal {:.0} %, others {:.0} %; {:.0} transactions per 1000; load at start {load_at_start}",
+        o.n,
+        wall.as_secs_f64(),
+        fmt_rate(run.rate),
+        run.daemons_us,
+        run.pg_us,
+        run.nginx_us,
+        run.idle,
+        run.steal,
+        run.others,
+        run.xacts_per_1000,
+    );
+    println!("      {}", run.waits.summary());
+    Ok(run)
+}
+
+async fn scaleout(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let shapes = scaleout_shapes()?;
+    println!(
+        "== scaleout: {} jobs drained by several outboxd run processes on one database; shapes {} \
+         (processes × --concurrency each), interleaved, {} rounds",
+        o.n,
+        shapes
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        o.runs
+    );
+    let url = fresh_db(o, "bench_scaleout").await?;
+    let client = connect(&url).await?;
+    let probe = connect(&url).await?;
+    let probe_pid = backend_pid(&probe).await?;
+    let sampler = connect(&o.db).await?;
+    let sampler_pid = backend_pid(&sampler).await?;
+    let ctx = ScaleCtx {
+        url: &url,
+        client: &client,
+        probe: &probe,
+        probe_pid,
+        sampler: Arc::new(sampler),
+        sampler_pid,
+        postmaster: pid_from_file("BENCH_PG_PIDFILE"),
+        nginx: pid_from_file("BENCH_NGINX_PIDFILE"),
+        tck: clk_tck(),
+    };
+    if ctx.postmaster.is_none() || ctx.nginx.is_none() {
+        println!(
+            "  (BENCH_PG_PIDFILE / BENCH_NGINX_PIDFILE not set or unreadable: no CPU figures \
+             for PostgreSQL / nginx)"
+        );
+    }
+    let mut runs: Vec<Vec<ScaleRun>> = shapes.iter().map(|_| Vec::new()).collect();
+    for round in 0..o.runs {
+        println!("  round {}:", round + 1);
+        wait_for_quiet().await;
+        for (i, shape) in shapes.iter().enumerate() {
+            let tag = format!("so-{}x{}-{round}", shape.procs, shape.conc);
+            runs[i].push(scaleout_run(o, &ctx, *shape, &tag).await?);
+        }
+    }
+
+    let med = |v: &[ScaleRun], f: fn(&ScaleRun) -> f64| median(v.iter().map(f).collect());
+    let base = runs.first().map(|r| med(r, |x| x.rate)).unwrap_or(f64::NAN);
+    println!();
+    println!(
+        "  scale-out, median of {} per column (each column's median on its own), ratio to {}:",
+        o.runs,
+        shapes.first().map(|s| s.to_string()).unwrap_or_default()
+    );
+    println!(
+        "  | processes × concurrency | in flight | deliveries/s | ratio | runs | daemons µs | PostgreSQL µs | nginx µs | all µs | idle % | steal % | others % | xacts/1000 | active backends (CPU, LWLock, Lock) | connections |"
+    );
+    println!("  |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for (shape, r) in shapes.iter().zip(&runs) {
+        let rate = med(r, |x| x.rate);
+        let all = med(r, |x| x.daemons_us + x.pg_us + x.nginx_us);
+        let list: Vec<String> = r.iter().map(|x| fmt_rate(x.rate)).collect();
+        println!(
+            "  | {shape} | {} | {} | {:.2} | {} | {:.0} | {:.0} | {:.0} | {all:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} ({:.2}, {:.2}, {:.2}) | {} |",
+            shape.procs * shape.conc,
+            fmt_rate(rate),
+            rate / base,
+            list.join(", "),
+            med(r, |x| x.daemons_us),
+            med(r, |x| x.pg_us),
+            med(r, |x| x.nginx_us),
+            med(r, |x| x.idle),
+            med(r, |x| x.steal),
+            med(r, |x| x.others),
+            med(r, |x| x.xacts_per_1000),
+            med(r, |x| x.waits.all_active()),
+            med(r, |x| x.waits.cpu()),
+            med(r, |x| x.waits.lwlock()),
+            med(r, |x| x.waits.lock()),
+            r.iter().map(|x| x.waits.max_conns).max().unwrap_or(0),
+        );
+        rows.push(Row {
+            figure: format!(
+                "scale-out: {} process(es) × --concurrency {} (median of {})",
+                shape.procs, shape.conc, o.runs
+            ),
+            result: format!("{}/s ({:.2}×)", fmt_rate(rate), rate / base),
+            target: "".into(),
+        });
     }
     Ok(())
 }
