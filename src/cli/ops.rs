@@ -59,6 +59,10 @@ pub(super) async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> 
         out!();
     }
     out!("oldest due message: {:.1}s", st.oldest_due_seconds);
+    out!(
+        "blocked ordering groups: {} (a message waits behind an earlier unfinished one)",
+        st.blocked_groups
+    );
     Ok(())
 }
 
