@@ -424,7 +424,7 @@ WHERE id = ANY($1::bigint[]) OR message_key = ANY($2::text[])
 pub const SHOW_MESSAGE: &str = r#"
 SELECT id, message_key, channel, state, attempts, max_attempts, retry_ambiguous, payload,
        run_after, lease_owner, lease_expires_at, error_class, last_error, response,
-       created_at, updated_at, delivered_at, dead_at, cancelled_at
+       created_at, updated_at, delivered_at, dead_at, cancelled_at, ordering_key
 FROM outbox.messages WHERE id = $1
 "#;
 

@@ -141,6 +141,9 @@ fn print_message(detail: &MessageDetail) {
         detail.max_attempts,
         detail.retry_ambiguous
     );
+    if let Some(k) = &detail.ordering_key {
+        out!("  ordering_key {}", esc(k));
+    }
     out!("  run_after    {}", detail.run_after);
     out!("  created_at   {}", detail.created_at);
     out!("  updated_at   {}", detail.updated_at);

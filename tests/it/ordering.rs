@@ -335,6 +335,16 @@ async fn every_enqueue_path_sets_the_ordering_key_and_old_calls_still_work() {
         "order-8",
     ]));
     assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // `show` names the group (text and JSON).
+    let shown = run(outboxd(Some(&db.url())).args(["show", "cli"]));
+    assert!(
+        shown.stdout.contains("  ordering_key order-8\n"),
+        "{}",
+        shown.stdout
+    );
+    let shown = run(outboxd(Some(&db.url())).args(["show", "cli", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&shown.stdout).unwrap();
+    assert_eq!(v["ordering_key"], "order-8");
     let got: HashMap<String, Option<String>> = c
         .query("SELECT message_key, ordering_key FROM outbox.messages", &[])
         .await
