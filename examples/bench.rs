@@ -8,7 +8,7 @@
 //! * `BENCH_BODY` — the 300-byte JSON body the peers' figures used;
 //! * `BENCH_OUT` — a scratch folder for daemon logs;
 //! * `BENCH_ONLY` — comma-separated sections (default: all): throughput, enqueue, latency,
-//!   memory, depth, ceiling, scaleout;
+//!   memory, depth, ceiling, scaleout, ordering;
 //! * `BENCH_PG_PIDFILE`, `BENCH_NGINX_PIDFILE` — the cluster's `postmaster.pid` and nginx's
 //!   pid file, for the scale-out section's CPU accounting (from /proc);
 //! * `BENCH_SCALEOUT` (`1x64,2x32,4x16,2x64,4x64,1x256`: processes × concurrency each),
@@ -74,7 +74,7 @@ impl Opts {
             out: env_or("BENCH_OUT", "/tmp/outboxd-bench").into(),
             only: env_or(
                 "BENCH_ONLY",
-                "throughput,enqueue,latency,memory,depth,ceiling,scaleout",
+                "throughput,enqueue,latency,memory,depth,ceiling,scaleout,ordering",
             )
             .split(',')
             .map(|s| s.trim().to_owned())
@@ -165,6 +165,37 @@ async fn load_jobs(
                     ARRAY(SELECT $1::text || g FROM generate_series($2::int, $3::int) g),
                     array_fill('webhook'::text, ARRAY[$3::int - $2::int + 1]),
                     array_fill($4::jsonb, ARRAY[$3::int - $2::int + 1]))",
+                &[
+                    &format!("{prefix}-"),
+                    &(start as i32 + 1),
+                    &(end as i32),
+                    payload,
+                ],
+            )
+            .await?;
+    }
+    Ok(t.elapsed())
+}
+
+/// As [`load_jobs`], with every tenth job (keys `prefix-10`, `prefix-20`, …) in one of 100
+/// ordering groups (`g0` … `g99`, round robin): 10 % of the jobs, 20 per group for 20 000.
+async fn load_jobs_grouped(
+    client: &Client,
+    prefix: &str,
+    n: usize,
+    payload: &Value,
+) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    for start in (0..n).step_by(10_000) {
+        let end = (start + 10_000).min(n);
+        client
+            .execute(
+                "SELECT count(*) FROM outbox.enqueue_many(
+                    ARRAY(SELECT $1::text || g FROM generate_series($2::int, $3::int) g),
+                    array_fill('webhook'::text, ARRAY[$3::int - $2::int + 1]),
+                    array_fill($4::jsonb, ARRAY[$3::int - $2::int + 1]),
+                    ordering_key => ARRAY(SELECT CASE WHEN g % 10 = 0 THEN 'g' || (g / 10 % 100) END
+                                          FROM generate_series($2::int, $3::int) g))",
                 &[
                     &format!("{prefix}-"),
                     &(start as i32 + 1),
@@ -339,8 +370,25 @@ async fn drain_run(
     concurrency: usize,
     tag: &str,
 ) -> anyhow::Result<(f64, u64)> {
+    drain_run_with(o, url, client, concurrency, tag, false).await
+}
+
+/// A drain as [`drain_run`]; with `grouped`, 10 % of the jobs carry an ordering key
+/// ([`load_jobs_grouped`]).
+async fn drain_run_with(
+    o: &Opts,
+    url: &str,
+    client: &Client,
+    concurrency: usize,
+    tag: &str,
+    grouped: bool,
+) -> anyhow::Result<(f64, u64)> {
     reset(client).await?;
-    load_jobs(client, "tp", o.n, &o.payload(&o.sink)).await?;
+    if grouped {
+        load_jobs_grouped(client, "tp", o.n, &o.payload(&o.sink)).await?;
+    } else {
+        load_jobs(client, "tp", o.n, &o.payload(&o.sink)).await?;
+    }
     client
         .batch_execute("VACUUM ANALYZE outbox.messages")
         .await?;
@@ -368,12 +416,17 @@ async fn drain_run(
         bail!("{tag}: {delivered} of {} delivered", o.n);
     }
     let rate = o.n as f64 / took.as_secs_f64();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "  {tag}: {} jobs in {:.3} s = {}/s (sink saw {sent}; peak RSS {} MB; steal {stolen:.0} %)",
+        "  {tag}: {} jobs in {:.3} s = {}/s (sink saw {sent}; peak RSS {} MB; steal {stolen:.0} %; loadavg {})",
         o.n,
         took.as_secs_f64(),
         fmt_rate(rate),
-        hwm / 1024
+        hwm / 1024,
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     Ok((rate, hwm))
 }
@@ -401,6 +454,49 @@ async fn throughput(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
             },
         });
     }
+    Ok(())
+}
+
+/// Ordering keys' cost: drains of `n` jobs without any ordering key (A) and with 10 % of
+/// them in 100 groups (B), interleaved A B A B … so that a change in the machine's load
+/// hits both alike; median of `runs` each, and the ratio B / A.
+async fn ordering(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    println!(
+        "== ordering: {} jobs, outboxd run --drain --concurrency 64, without keys (A) and with 10 % in 100 groups (B), interleaved",
+        o.n
+    );
+    let url = fresh_db(o, "bench_ordering").await?;
+    let client = connect(&url).await?;
+    let (mut plain, mut grouped) = (Vec::new(), Vec::new());
+    for run in 0..o.runs {
+        plain.push(
+            drain_run_with(o, &url, &client, 64, &format!("ord-A-{run}"), false)
+                .await?
+                .0,
+        );
+        grouped.push(
+            drain_run_with(o, &url, &client, 64, &format!("ord-B-{run}"), true)
+                .await?
+                .0,
+        );
+    }
+    let (a, b) = (median(plain), median(grouped));
+    rows.push(Row {
+        figure: format!(
+            "webhook throughput, no ordering keys, --concurrency 64 (median of {}, interleaved)",
+            o.runs
+        ),
+        result: format!("{}/s", fmt_rate(a)),
+        target: "(A)".into(),
+    });
+    rows.push(Row {
+        figure: format!(
+            "… 10 % of the jobs in 100 ordering groups (median of {}, interleaved)",
+            o.runs
+        ),
+        result: format!("{}/s ({:.2} × A)", fmt_rate(b), b / a),
+        target: "not slower than A".into(),
+    });
     Ok(())
 }
 
@@ -1150,6 +1246,7 @@ async fn main() -> anyhow::Result<()> {
         "ceiling",
         "depth",
         "scaleout",
+        "ordering",
     ] {
         if !o.wants(name) {
             continue;
@@ -1162,6 +1259,7 @@ async fn main() -> anyhow::Result<()> {
             "memory" => memory(&o, &mut rows).await?,
             "ceiling" => ceiling(&o, &mut rows).await?,
             "scaleout" => scaleout(&o, &mut rows).await?,
+            "ordering" => ordering(&o, &mut rows).await?,
             _ => depth(&o, &mut rows).await?,
         }
         let share = steal.percent();

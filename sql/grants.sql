@@ -18,7 +18,7 @@ BEGIN
 END
 $$;
 
--- The application: enqueue (held rows too), look up its keys' outcomes, nothing else.
+-- The application: enqueue (held rows and ordering keys too), look up its keys' outcomes, nothing else.
 -- outbox.enqueue_row and outbox.lookup run with their owner's rights, so the role needs no
 -- privilege on the tables to enqueue through the functions or to ask what became of a key;
 -- it cannot read payloads (its own or anyone's), nor change a message's state or history.
@@ -27,12 +27,13 @@ $$;
 -- `held` (the insert trigger refuses any other state, whoever inserts).
 GRANT USAGE ON SCHEMA outbox TO outbox_app;
 GRANT EXECUTE ON FUNCTION
-    outbox.enqueue(text, text, jsonb, timestamptz, integer, boolean, boolean),
-    outbox.enqueue_row(text, text, jsonb, timestamptz, integer, boolean, boolean),
-    outbox.enqueue_many(text[], text[], jsonb[], timestamptz[], integer[], boolean[], boolean[]),
+    outbox.enqueue(text, text, jsonb, timestamptz, integer, boolean, boolean, text),
+    outbox.enqueue_row(text, text, jsonb, timestamptz, integer, boolean, boolean, text),
+    outbox.enqueue_many(text[], text[], jsonb[], timestamptz[], integer[], boolean[], boolean[], text[]),
     outbox.lookup(text)
     TO outbox_app;
-GRANT INSERT (message_key, channel, payload, run_after, max_attempts, retry_ambiguous, state)
+GRANT INSERT (message_key, channel, payload, run_after, max_attempts, retry_ambiguous, state,
+              ordering_key)
     ON outbox.messages TO outbox_app;
 
 -- The worker (and the operator CLI: status, dead, held, show, replay, approve, cancel,
@@ -44,9 +45,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.messages TO outbox_worker;
 GRANT SELECT, INSERT ON outbox.attempts TO outbox_worker;
 GRANT SELECT ON outbox.schema_migrations TO outbox_worker;
 GRANT EXECUTE ON FUNCTION
-    outbox.enqueue(text, text, jsonb, timestamptz, integer, boolean, boolean),
-    outbox.enqueue_row(text, text, jsonb, timestamptz, integer, boolean, boolean),
-    outbox.enqueue_many(text[], text[], jsonb[], timestamptz[], integer[], boolean[], boolean[]),
+    outbox.enqueue(text, text, jsonb, timestamptz, integer, boolean, boolean, text),
+    outbox.enqueue_row(text, text, jsonb, timestamptz, integer, boolean, boolean, text),
+    outbox.enqueue_many(text[], text[], jsonb[], timestamptz[], integer[], boolean[], boolean[], text[]),
     outbox.lookup(text),
     outbox.replay(bigint[], text),
     outbox.approve(bigint[], text),

@@ -1,4 +1,4 @@
--- outboxd: the live schema after every migration of sql/ (0001 … 0011), in one file.
+-- outboxd: the live schema after every migration of sql/ (0001 … 0012), in one file.
 -- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
 -- only the numbered files). tests/schema.rs loads it into an empty database and compares
 -- the catalog with a migrated one; after a new migration, regenerate it with
@@ -165,26 +165,27 @@ $$;
 
 
 --
--- Name: enqueue(text, text, jsonb, timestamp with time zone, integer, boolean, boolean); Type: FUNCTION; Schema: outbox; Owner: -
+-- Name: enqueue(text, text, jsonb, timestamp with time zone, integer, boolean, boolean, text); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
-CREATE FUNCTION outbox.enqueue(message_key text, channel text, payload jsonb, run_after timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 3, retry_ambiguous boolean DEFAULT true, held boolean DEFAULT false) RETURNS bigint
+CREATE FUNCTION outbox.enqueue(message_key text, channel text, payload jsonb, run_after timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 3, retry_ambiguous boolean DEFAULT true, held boolean DEFAULT false, ordering_key text DEFAULT NULL::text) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     RETURN (outbox.enqueue_row(enqueue.message_key, enqueue.channel, enqueue.payload,
                                enqueue.run_after, enqueue.max_attempts,
-                               enqueue.retry_ambiguous, enqueue.held)).id;
+                               enqueue.retry_ambiguous, enqueue.held,
+                               enqueue.ordering_key)).id;
 END
 $$;
 
 
 --
--- Name: enqueue_many(text[], text[], jsonb[], timestamp with time zone[], integer[], boolean[], boolean[]); Type: FUNCTION; Schema: outbox; Owner: -
+-- Name: enqueue_many(text[], text[], jsonb[], timestamp with time zone[], integer[], boolean[], boolean[], text[]); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
-CREATE FUNCTION outbox.enqueue_many(message_keys text[], channels text[], payloads jsonb[], run_afters timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[], max_attempts integer[] DEFAULT '{}'::integer[], retry_ambiguous boolean[] DEFAULT '{}'::boolean[], held boolean[] DEFAULT '{}'::boolean[]) RETURNS TABLE(id bigint, created boolean)
+CREATE FUNCTION outbox.enqueue_many(message_keys text[], channels text[], payloads jsonb[], run_afters timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[], max_attempts integer[] DEFAULT '{}'::integer[], retry_ambiguous boolean[] DEFAULT '{}'::boolean[], held boolean[] DEFAULT '{}'::boolean[], ordering_key text[] DEFAULT '{}'::text[]) RETURNS TABLE(id bigint, created boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -241,17 +242,27 @@ BEGIN
                   HINT = 'a message key names one side effect; use a new key for a new one';
     END IF;
 
+    -- The groups' turns, in one order (the insert trigger's own calls are then re-entrant).
+    -- Ordering keys past the end of message_keys are ignored, as the other optional
+    -- arrays' extra elements are.
+    PERFORM pg_advisory_xact_lock(1869767781, g.h)
+    FROM (SELECT DISTINCT hashtext(k) AS h
+          FROM unnest(enqueue_many.ordering_key[1:n]) AS k
+          WHERE k IS NOT NULL) g
+    ORDER BY g.h;
+
     -- One INSERT, rows in array order. The BEFORE INSERT trigger validates each row (those
     -- whose key exists too) and fills the fingerprint (request_hash is left to it).
     WITH ins AS (
         INSERT INTO outbox.messages AS m
             (message_key, channel, payload, request_hash, run_after, max_attempts, retry_ambiguous,
-             state)
+             state, ordering_key)
         SELECT u.k, u.c, u.p, NULL,
                coalesce(run_afters[u.ord], now()),
                coalesce(enqueue_many.max_attempts[u.ord], 3),
                coalesce(enqueue_many.retry_ambiguous[u.ord], true),
-               CASE WHEN coalesce(enqueue_many.held[u.ord], false) THEN 'held' ELSE 'pending' END
+               CASE WHEN coalesce(enqueue_many.held[u.ord], false) THEN 'held' ELSE 'pending' END,
+               enqueue_many.ordering_key[u.ord]
         FROM unnest(message_keys, channels, payloads) WITH ORDINALITY AS u(k, c, p, ord)
         ORDER BY u.ord
         ON CONFLICT ON CONSTRAINT messages_message_key_key DO NOTHING
@@ -292,7 +303,8 @@ BEGIN
                                         coalesce(run_afters[i], now()),
                                         coalesce(enqueue_many.max_attempts[i], 3),
                                         coalesce(enqueue_many.retry_ambiguous[i], true),
-                                        coalesce(enqueue_many.held[i], false)) e;
+                                        coalesce(enqueue_many.held[i], false),
+                                        enqueue_many.ordering_key[i]) e;
             END IF;
         END LOOP;
     END IF;
@@ -303,10 +315,10 @@ $$;
 
 
 --
--- Name: enqueue_row(text, text, jsonb, timestamp with time zone, integer, boolean, boolean); Type: FUNCTION; Schema: outbox; Owner: -
+-- Name: enqueue_row(text, text, jsonb, timestamp with time zone, integer, boolean, boolean, text); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
-CREATE FUNCTION outbox.enqueue_row(message_key text, channel text, payload jsonb, run_after timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 3, retry_ambiguous boolean DEFAULT true, held boolean DEFAULT false, OUT id bigint, OUT created boolean) RETURNS record
+CREATE FUNCTION outbox.enqueue_row(message_key text, channel text, payload jsonb, run_after timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 3, retry_ambiguous boolean DEFAULT true, held boolean DEFAULT false, ordering_key text DEFAULT NULL::text, OUT id bigint, OUT created boolean) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -326,11 +338,12 @@ BEGIN
     LOOP
         INSERT INTO outbox.messages AS m
             (message_key, channel, payload, request_hash, run_after, max_attempts, retry_ambiguous,
-             state)
+             state, ordering_key)
         VALUES (enqueue_row.message_key, enqueue_row.channel, enqueue_row.payload, NULL,
                 coalesce(enqueue_row.run_after, now()), enqueue_row.max_attempts,
                 enqueue_row.retry_ambiguous,
-                CASE WHEN enqueue_row.held THEN 'held' ELSE 'pending' END)
+                CASE WHEN enqueue_row.held THEN 'held' ELSE 'pending' END,
+                enqueue_row.ordering_key)
         ON CONFLICT ON CONSTRAINT messages_message_key_key DO NOTHING
         RETURNING m.id INTO enqueue_row.id;
         IF enqueue_row.id IS NOT NULL THEN
@@ -435,7 +448,7 @@ CREATE FUNCTION outbox.messages_before_insert() RETURNS trigger
 DECLARE
     v_text text := NEW.payload::text;
 BEGIN
-    -- Every rule at once; NULLs make it false.
+    -- Every rule at once; NULLs make it false (a NULL ordering key is allowed explicitly).
     IF NOT coalesce(
             char_length(NEW.message_key) BETWEEN 1 AND 255
             AND NEW.message_key = btrim(NEW.message_key, E' \t\r\n')
@@ -445,6 +458,10 @@ BEGIN
             AND NEW.max_attempts >= 1
             AND isfinite(NEW.run_after)
             AND NEW.state IN ('pending', 'held')
+            AND (NEW.ordering_key IS NULL
+                 OR (char_length(NEW.ordering_key) BETWEEN 1 AND 255
+                     AND NEW.ordering_key = btrim(NEW.ordering_key, E' \t\r\n')
+                     AND NEW.ordering_key !~ E'[\\u0001-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]'))
             AND CASE NEW.channel
                     WHEN 'webhook' THEN
                         jsonb_typeof(NEW.payload -> 'url') = 'string'
@@ -462,6 +479,7 @@ BEGIN
             false) THEN
         -- Raises 22023 naming the field.
         PERFORM outbox.validate(NEW.message_key, NEW.channel, NEW.payload, NEW.max_attempts);
+        PERFORM outbox.validate_ordering_key(NEW.ordering_key);
         -- A NULL run_after or state is left to the column's NOT NULL constraint.
         IF NOT isfinite(NEW.run_after) THEN
             RAISE EXCEPTION 'run_after must be a finite time (got %)', NEW.run_after
@@ -475,6 +493,9 @@ BEGIN
     END IF;
     -- outbox.request_hash(channel, payload), from the text rendered above.
     NEW.request_hash := sha256(convert_to(NEW.channel || E'\n' || v_text, 'UTF8'));
+    IF NEW.ordering_key IS NOT NULL THEN
+        NEW.id := outbox.ordering_turn(NEW.ordering_key);
+    END IF;
     RETURN NEW;
 END
 $$;
@@ -571,6 +592,21 @@ CREATE FUNCTION outbox.on_lease_expiry(retry_ambiguous boolean, attempts integer
     AS $$
     SELECT CASE WHEN (retry_ambiguous OR coalesce(reconcile, false)) AND attempts < max_attempts
                 THEN 'pending' ELSE 'dead' END
+$$;
+
+
+--
+-- Name: ordering_turn(text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.ordering_turn(ordering_key text) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(1869767781, hashtext(ordering_key));
+    RETURN nextval(pg_get_serial_sequence('outbox.messages', 'id')::regclass);
+END
 $$;
 
 
@@ -774,6 +810,43 @@ $$;
 
 
 --
+-- Name: validate_ordering_key(text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.validate_ordering_key(ordering_key text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_bad text;
+BEGIN
+    IF ordering_key IS NULL THEN
+        RETURN;
+    END IF;
+    IF char_length(ordering_key) = 0 THEN
+        RAISE EXCEPTION 'ordering_key must not be empty (leave it NULL for no ordering)'
+            USING ERRCODE = '22023', COLUMN = 'ordering_key';
+    END IF;
+    IF char_length(ordering_key) > 255 THEN
+        RAISE EXCEPTION 'ordering_key must be at most 255 characters (got %)', char_length(ordering_key)
+            USING ERRCODE = '22023', COLUMN = 'ordering_key';
+    END IF;
+    IF ordering_key <> btrim(ordering_key, E' \t\r\n') THEN
+        RAISE EXCEPTION 'ordering_key must not begin or end with whitespace'
+            USING ERRCODE = '22023', COLUMN = 'ordering_key';
+    END IF;
+    v_bad := substring(ordering_key FROM E'[\\u0001-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]');
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'ordering_key must not contain control characters (U+% at character %)',
+            lpad(upper(to_hex(ascii(v_bad))), 4, '0'), strpos(ordering_key, v_bad)
+            USING ERRCODE = '22023', COLUMN = 'ordering_key',
+                  HINT = 'C0 and C1 controls, DEL, U+2028, U+2029 and bidirectional controls are refused';
+    END IF;
+END
+$$;
+
+
+--
 -- Name: wake_needed(); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -860,6 +933,7 @@ CREATE TABLE outbox.messages (
     delivered_at timestamp with time zone,
     dead_at timestamp with time zone,
     cancelled_at timestamp with time zone,
+    ordering_key text,
     CONSTRAINT messages_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT messages_cancelled_at_iff_cancelled CHECK (((state = 'cancelled'::text) = (cancelled_at IS NOT NULL))),
     CONSTRAINT messages_channel_check CHECK ((channel = ANY (ARRAY['webhook'::text, 'email'::text]))),
@@ -870,6 +944,7 @@ CREATE TABLE outbox.messages (
     CONSTRAINT messages_key_length CHECK (((char_length(message_key) >= 1) AND (char_length(message_key) <= 255))),
     CONSTRAINT messages_lease_iff_running CHECK ((((state = 'running'::text) = (lease_owner IS NOT NULL)) AND ((lease_owner IS NULL) = (lease_token IS NULL)) AND ((lease_owner IS NULL) = (lease_expires_at IS NULL)))),
     CONSTRAINT messages_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT messages_ordering_key_length CHECK (((char_length(ordering_key) >= 1) AND (char_length(ordering_key) <= 255))),
     CONSTRAINT messages_payload_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
     CONSTRAINT messages_request_hash_len CHECK ((octet_length(request_hash) = 32)),
     CONSTRAINT messages_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'held'::text, 'running'::text, 'delivered'::text, 'dead'::text, 'cancelled'::text])))
@@ -982,6 +1057,13 @@ CREATE INDEX messages_held_idx ON outbox.messages USING btree (created_at, id) W
 --
 
 CREATE INDEX messages_lease_idx ON outbox.messages USING btree (lease_expires_at) WHERE (state = 'running'::text);
+
+
+--
+-- Name: messages_ordering_idx; Type: INDEX; Schema: outbox; Owner: -
+--
+
+CREATE INDEX messages_ordering_idx ON outbox.messages USING btree (ordering_key, id) WHERE ((ordering_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'held'::text, 'dead'::text])));
 
 
 --

@@ -1,7 +1,7 @@
 //! Enqueueing from Rust, inside the application's own transaction.
 //!
 //! The rules are the SQL function's (`outbox.enqueue_row`, in `sql/0001_outbox.sql`, and the
-//! insert trigger it fires; both last changed in `sql/0009_human_checkpoints.sql`): this
+//! insert trigger it fires; both last changed in `sql/0012_ordering_keys.sql`): this
 //! module only binds parameters and turns the database's answers into typed errors, so the
 //! SQL and Rust paths cannot disagree.
 
@@ -25,6 +25,7 @@ pub struct NewMessage {
     max_attempts: i32,
     retry_ambiguous: bool,
     held: bool,
+    ordering_key: Option<String>,
 }
 
 impl NewMessage {
@@ -48,6 +49,7 @@ impl NewMessage {
             max_attempts: 3,
             retry_ambiguous: true,
             held: false,
+            ordering_key: None,
         }
     }
 
@@ -69,6 +71,20 @@ impl NewMessage {
     /// row, whatever its state, and leaves it as it is.
     pub fn held(mut self, held: bool) -> Self {
         self.held = held;
+        self
+    }
+
+    /// Send it in order with the other messages of this ordering key (default: none): a
+    /// message with a key is not claimed while an earlier one (smaller id) of its group is
+    /// pending (due or not), running, held or dead, so a group has one message in flight at
+    /// a time, in id order, and a dead one blocks the rest until it is replayed or
+    /// cancelled. Ids within a group follow commit order: the enqueue waits while another
+    /// transaction that enqueued into the group is open. The key must be 1..255 characters
+    /// without control characters or whitespace at either end (else
+    /// [`EnqueueError::Invalid`] naming `ordering_key`). It does not enter the dedup
+    /// fingerprint.
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
         self
     }
 
@@ -135,7 +151,9 @@ pub enum EnqueueError {
 }
 
 impl EnqueueError {
-    fn from_db(err: tokio_postgres::Error, key: &str) -> Self {
+    /// `nul_field` names the text parameter holding a NUL character, for 22021 (the
+    /// database cannot say which one it was).
+    fn from_db(err: tokio_postgres::Error, key: &str, nul_field: &str) -> Self {
         let Some(db) = err.as_db_error() else {
             return EnqueueError::Database(err);
         };
@@ -164,10 +182,11 @@ impl EnqueueError {
                 message: format!("run_after is out of range: {}", db.message()),
             }
         } else if *db.code() == SqlState::CHARACTER_NOT_IN_REPERTOIRE {
-            // PostgreSQL text cannot hold a NUL byte (22021); Rust strings can, in the key.
+            // PostgreSQL text cannot hold a NUL byte (22021); Rust strings can, in the key
+            // and the ordering key.
             EnqueueError::Invalid {
-                field: "message_key".into(),
-                message: "message_key must not contain NUL characters".into(),
+                field: nul_field.into(),
+                message: format!("{nul_field} must not contain NUL characters"),
             }
         } else {
             EnqueueError::Database(err)
@@ -206,7 +225,7 @@ pub async fn enqueue<C: GenericClient>(
 ) -> Result<Enqueued, EnqueueError> {
     let channel = msg.channel.as_str();
     // query_typed sends parse, bind and execute together: one round trip, no prepare.
-    let params: [(&(dyn ToSql + Sync), Type); 7] = [
+    let params: [(&(dyn ToSql + Sync), Type); 8] = [
         (&msg.key, Type::TEXT),
         (&channel, Type::TEXT),
         (&msg.payload, Type::JSONB),
@@ -214,11 +233,12 @@ pub async fn enqueue<C: GenericClient>(
         (&msg.max_attempts, Type::INT4),
         (&msg.retry_ambiguous, Type::BOOL),
         (&msg.held, Type::BOOL),
+        (&msg.ordering_key, Type::TEXT),
     ];
     let rows = client
         .query_typed(queries::ENQUEUE, &params)
         .await
-        .map_err(|e| EnqueueError::from_db(e, &msg.key))?;
+        .map_err(|e| EnqueueError::from_db(e, &msg.key, nul_field(std::slice::from_ref(msg))))?;
     let row = rows.first().ok_or_else(|| EnqueueError::Invalid {
         field: String::new(),
         message: "outbox.enqueue_row returned no row".into(),
@@ -245,7 +265,8 @@ pub async fn enqueue_many<C: GenericClient>(
     let max_attempts: Vec<i32> = msgs.iter().map(|m| m.max_attempts).collect();
     let retry_ambiguous: Vec<bool> = msgs.iter().map(|m| m.retry_ambiguous).collect();
     let held: Vec<bool> = msgs.iter().map(|m| m.held).collect();
-    let params: [(&(dyn ToSql + Sync), Type); 7] = [
+    let ordering_keys: Vec<Option<&str>> = msgs.iter().map(|m| m.ordering_key.as_deref()).collect();
+    let params: [(&(dyn ToSql + Sync), Type); 8] = [
         (&keys, Type::TEXT_ARRAY),
         (&channels, Type::TEXT_ARRAY),
         (&payloads, Type::JSONB_ARRAY),
@@ -253,11 +274,12 @@ pub async fn enqueue_many<C: GenericClient>(
         (&max_attempts, Type::INT4_ARRAY),
         (&retry_ambiguous, Type::BOOL_ARRAY),
         (&held, Type::BOOL_ARRAY),
+        (&ordering_keys, Type::TEXT_ARRAY),
     ];
     let rows = client
         .query_typed(queries::ENQUEUE_MANY, &params)
         .await
-        .map_err(|e| EnqueueError::from_db(e, ""))?;
+        .map_err(|e| EnqueueError::from_db(e, "", nul_field(msgs)))?;
     Ok(rows
         .iter()
         .map(|r| Enqueued {
@@ -265,4 +287,18 @@ pub async fn enqueue_many<C: GenericClient>(
             created: r.get(1),
         })
         .collect())
+}
+
+/// Which text parameter of these messages holds a NUL character: `message_key` unless only
+/// an ordering key does.
+fn nul_field(msgs: &[NewMessage]) -> &'static str {
+    let in_key = msgs.iter().any(|m| m.key.contains('\0'));
+    let in_ordering_key = msgs
+        .iter()
+        .any(|m| m.ordering_key.as_deref().is_some_and(|k| k.contains('\0')));
+    if in_ordering_key && !in_key {
+        "ordering_key"
+    } else {
+        "message_key"
+    }
 }

@@ -90,6 +90,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "purge_cancelled",
         sql: include_str!("../sql/0011_purge_cancelled.sql"),
     },
+    Migration {
+        version: 12,
+        name: "ordering_keys",
+        sql: include_str!("../sql/0012_ordering_keys.sql"),
+    },
 ];
 
 /// Why migrating failed.

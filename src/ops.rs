@@ -246,6 +246,8 @@ pub struct MessageDetail {
     pub dead_at: Option<String>,
     /// When it was cancelled.
     pub cancelled_at: Option<String>,
+    /// Its ordering group, if any (`sql/0012`).
+    pub ordering_key: Option<String>,
     /// Every attempt and operator action, oldest first.
     pub history: Vec<AttemptRecord>,
 }
@@ -418,6 +420,7 @@ pub async fn show<C: GenericClient>(
         delivered_at: ts(16),
         dead_at: ts(17),
         cancelled_at: ts(18),
+        ordering_key: r.get(19),
         history: Vec::new(),
     };
     for a in client

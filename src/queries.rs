@@ -54,6 +54,21 @@ pub const HEALTH_CHECK: &str = "SELECT 1";
 /// it) and `reconcile` (the payload names a lookup: the attempt after an ambiguous one asks
 /// first); for `deferred` rows `retry_in` (seconds).
 ///
+/// Ordering keys (`sql/0012`): a due row with an `ordering_key` is a candidate only when no
+/// earlier (smaller id) row of its group is `pending` (due or not), `running`, `held` or
+/// `dead`, so a group has at most one message in flight, and its messages go in id order.
+/// The probe is one descent of `messages_ordering_idx` and is made only for rows that have
+/// a key (`ordering_key IS NULL OR …` short-circuits). Concurrent claims cannot take two of
+/// a group: the probe reads this statement's snapshot, and every way out of the blocking
+/// states (delivered, cancelled) is a committed change that the snapshot either shows, and
+/// then the earlier message really is finished, or does not, and then the later one stays
+/// blocked. In particular a claim that runs while another claim is taking the group's head
+/// sees the head still `pending` (the other claim has not committed) or already `running`:
+/// either way it skips the next member. Within one statement the head blocks the rest of
+/// its group in the same way, whatever the `LIMIT`. What the snapshot cannot show is a row
+/// not yet committed with a smaller id; the insert trigger rules that out by giving a
+/// keyed row its id only once its group's earlier enqueues have ended (`sql/0012`, 3).
+///
 /// Shape: ids reach each `UPDATE` as an array (`id = ANY(ARRAY(...))`), so it is an index
 /// scan on the primary key whatever the table holds. (Joining an `UPDATE` to a CTE of
 /// picked rows let the planner choose a hash join over a sequential scan of the whole
@@ -101,8 +116,12 @@ WITH expired AS (
           SELECT id, attempts, 'lease_lost' FROM deferred) s
     JOIN expired e ON e.id = s.id
 ), due AS (
-    SELECT id FROM outbox.messages
+    SELECT id FROM outbox.messages m
     WHERE state = 'pending' AND run_after <= now() AND channel = ANY($1::text[])
+      AND (m.ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM outbox.messages e
+          WHERE e.ordering_key = m.ordering_key AND e.id < m.id
+            AND e.state IN ('pending', 'running', 'held', 'dead')))
     ORDER BY run_after, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -314,6 +333,21 @@ FROM (VALUES
 ) AS s(state, n, idx)
 "#;
 
+/// Status: the number of blocked ordering groups: ordering keys with at least one message
+/// waiting behind an earlier unfinished one (two or more of the group `pending`, `running`,
+/// `held` or `dead`: every one but the first waits). A group flowing normally counts while
+/// it has a backlog; one whose head is dead or held counts until the head is replayed,
+/// cancelled or approved and the backlog drains. Read from `messages_ordering_idx`, which
+/// holds exactly those rows, so it costs the backlog of keyed messages, not the table.
+pub const BLOCKED_GROUPS: &str = r#"
+SELECT count(*)::bigint FROM (
+    SELECT ordering_key FROM outbox.messages
+    WHERE ordering_key IS NOT NULL AND state IN ('pending', 'running', 'held', 'dead')
+    GROUP BY ordering_key
+    HAVING count(*) > 1
+) g
+"#;
+
 /// Status: seconds since the `run_after` of the oldest due pending message; 0 when none is
 /// due.
 ///
@@ -332,17 +366,18 @@ SELECT coalesce(extract(epoch FROM now()) - extract(epoch FROM least(
 "#;
 
 /// Enqueue one message; the rules are those of `outbox.enqueue_row` (see
-/// `sql/0001_outbox.sql` and `sql/0009`); `$7` held. Returns `id, created`.
+/// `sql/0001_outbox.sql`, `sql/0009` and `sql/0012`); `$7` held, `$8` ordering key or NULL.
+/// Returns `id, created`.
 pub const ENQUEUE: &str = r#"
 SELECT id, created FROM outbox.enqueue_row($1::text, $2::text, $3::jsonb,
-    coalesce($4::timestamptz, now()), $5::int, $6::bool, $7::bool)
+    coalesce($4::timestamptz, now()), $5::int, $6::bool, $7::bool, $8::text)
 "#;
 
 /// Enqueue many messages in one statement, all or nothing; the rules are those of
 /// `outbox.enqueue_many`. Returns `id, created` per message, in input order.
 pub const ENQUEUE_MANY: &str = r#"
 SELECT id, created FROM outbox.enqueue_many($1::text[], $2::text[], $3::jsonb[],
-    $4::timestamptz[], $5::int[], $6::bool[], $7::bool[])
+    $4::timestamptz[], $5::int[], $6::bool[], $7::bool[], $8::text[])
 "#;
 
 /// Migrations: the lock that serialises concurrent `outboxd migrate` runs (a session-level
@@ -406,7 +441,7 @@ WHERE id = ANY($1::bigint[]) OR message_key = ANY($2::text[])
 pub const SHOW_MESSAGE: &str = r#"
 SELECT id, message_key, channel, state, attempts, max_attempts, retry_ambiguous, payload,
        run_after, lease_owner, lease_expires_at, error_class, last_error, response,
-       created_at, updated_at, delivered_at, dead_at, cancelled_at
+       created_at, updated_at, delivered_at, dead_at, cancelled_at, ordering_key
 FROM outbox.messages WHERE id = $1
 "#;
 

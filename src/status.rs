@@ -58,6 +58,9 @@ pub struct Status {
     pub total: Counts,
     /// Seconds since the `run_after` of the oldest due pending message (0 when none).
     pub oldest_due_seconds: f64,
+    /// Ordering groups with at least one message waiting behind an earlier unfinished one
+    /// of its group (see [`queries::BLOCKED_GROUPS`]).
+    pub blocked_groups: i64,
     /// The same counts per channel (every channel present, zeros included).
     pub by_channel: BTreeMap<String, Counts>,
 }
@@ -128,5 +131,6 @@ pub async fn status<C: GenericClient>(client: &C) -> Result<Status, tokio_postgr
         st.by_channel.entry(channel).or_default().add(state, n);
     }
     st.oldest_due_seconds = oldest_due_seconds(client).await?;
+    st.blocked_groups = client.query_one(queries::BLOCKED_GROUPS, &[]).await?.get(0);
     Ok(st)
 }

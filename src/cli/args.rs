@@ -270,6 +270,10 @@ pub struct EnqueueArgs {
     /// Hold it for a person's approval (`outboxd approve`); not sent until then.
     #[arg(long, env = "OUTBOXD_HELD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub held: bool,
+    /// Send it in order with the other messages of this ordering key: one at a time, in id
+    /// order (1..255 characters, no control characters).
+    #[arg(long, env = "OUTBOXD_ORDERING_KEY")]
+    pub ordering_key: Option<String>,
 }
 
 /// `outboxd status`.

@@ -27,6 +27,9 @@ pub(super) async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError
     if let Some(at) = args.run_after {
         msg = msg.run_after(at);
     }
+    if let Some(k) = &args.ordering_key {
+        msg = msg.ordering_key(k.clone());
+    }
     let client = connect(env).await?;
     match crate::enqueue::enqueue(&client, &msg).await {
         Ok(e) => {

@@ -59,6 +59,10 @@ pub(super) async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> 
         out!();
     }
     out!("oldest due message: {:.1}s", st.oldest_due_seconds);
+    out!(
+        "blocked ordering groups: {} (a message waits behind an earlier unfinished one)",
+        st.blocked_groups
+    );
     Ok(())
 }
 
@@ -137,6 +141,9 @@ fn print_message(detail: &MessageDetail) {
         detail.max_attempts,
         detail.retry_ambiguous
     );
+    if let Some(k) = &detail.ordering_key {
+        out!("  ordering_key {}", esc(k));
+    }
     out!("  run_after    {}", detail.run_after);
     out!("  created_at   {}", detail.created_at);
     out!("  updated_at   {}", detail.updated_at);

@@ -59,6 +59,7 @@ fn body(d: &MessageDetail, signed: &Signed) -> Markup {
                 dt { "channel" } dd { (t(&d.channel)) }
                 dt { "state" } dd id="state" { b { (t(&d.state)) } }
                 dt { "attempts" } dd { (d.attempts) " of " (d.max_attempts) " (retry ambiguous: " (d.retry_ambiguous) ")" }
+                @if let Some(k) = &d.ordering_key { dt { "ordering key" } dd { (t(k)) } }
                 dt { "run after" } dd { (d.run_after) }
                 dt { "created" } dd { (d.created_at) }
                 dt { "updated" } dd { (d.updated_at) }

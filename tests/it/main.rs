@@ -19,6 +19,7 @@ mod failover;
 mod hostile_sql;
 mod leases;
 mod ops;
+mod ordering;
 mod pg_tls;
 mod privileges;
 mod properties;

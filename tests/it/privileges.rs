@@ -464,3 +464,57 @@ async fn the_application_role_enqueues_held_rows_and_looks_keys_up() {
         }
     }
 }
+
+/// The application role enqueues with an ordering key on every path (the insert trigger's
+/// group lock and id draw run with the role's rights, through `outbox.ordering_turn`), and
+/// the worker role claims them one per group and reads `blocked_groups`.
+#[tokio::test]
+async fn the_application_role_enqueues_with_ordering_keys() {
+    let db = TestDb::new().await;
+    let (_roles, app, worker) = setup(&db).await;
+    let app_c = connect(&app).await;
+    let url = serde_json::json!({"url": "https://example.com/h"});
+    outboxd::enqueue(
+        &app_c,
+        &outboxd::NewMessage::webhook("o:rust", url.clone()).ordering_key("g"),
+    )
+    .await
+    .unwrap();
+    app_c
+        .execute(
+            "INSERT INTO outbox.messages (message_key, channel, payload, ordering_key) VALUES ('o:insert', 'webhook', $1, 'g')",
+            &[&url],
+        )
+        .await
+        .unwrap();
+    app_c
+        .query_one(
+            "SELECT outbox.enqueue('o:sql', 'webhook', $1, ordering_key => 'g')",
+            &[&url],
+        )
+        .await
+        .unwrap();
+    app_c
+        .query(
+            "SELECT * FROM outbox.enqueue_many(ARRAY['o:many'], ARRAY['webhook'], ARRAY[$1::jsonb], ordering_key => ARRAY['g'])",
+            &[&url],
+        )
+        .await
+        .unwrap();
+    let wc = connect(&worker).await;
+    let st = outboxd::status::status(&wc).await.unwrap();
+    assert_eq!(st.blocked_groups, 1);
+    let got = outboxd::claim::claim(
+        &wc,
+        &[outboxd::model::Channel::Webhook],
+        10,
+        "least",
+        Duration::from_secs(60),
+        &outboxd::retry::RetryPolicy::default(),
+    )
+    .await
+    .unwrap()
+    .claimed;
+    let keys: Vec<&str> = got.iter().map(|m| m.key.as_str()).collect();
+    assert_eq!(keys, ["o:rust"], "one of the group, the first enqueued");
+}

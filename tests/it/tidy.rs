@@ -57,6 +57,10 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
         "0011_purge_cancelled.sql",
         "59331869d028bf82c71273acafdeebccaf2ea054fc42564f4019b62b166e7504",
     ),
+    (
+        "0012_ordering_keys.sql",
+        "6e0cd6b611934cd4c726f2c3414690de80d3bdd88e0dcbb226b7ffd28944eaac",
+    ),
 ];
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it
