@@ -7,8 +7,9 @@
 //! * `BENCH_SINK_URL`, `BENCH_SINK_STATUS` — nginx's 204 port and its request counter;
 //! * `BENCH_BODY` — the 300-byte JSON body the peers' figures used;
 //! * `BENCH_OUT` — a scratch folder for daemon logs;
-//! * `BENCH_ONLY` — comma-separated sections (default: all): throughput, enqueue, latency,
-//!   memory, depth, ceiling;
+//! * `BENCH_ONLY` — comma-separated sections (default: all but the last two): throughput,
+//!   enqueue, latency, memory, depth, ceiling, peer, ab (`bench/pairs.rs` says what the last
+//!   two take: `BENCH_PEER`, `BENCH_A_*`, `BENCH_B_*`);
 //! * `BENCH_N` (20000), `BENCH_RUNS` (3), `BENCH_DEPTH_PENDING` (1000000),
 //!   `BENCH_DEPTH_DELIVERED` (10000000), `BENCH_LATENCY_RATE` (500), `BENCH_LATENCY_SECS` (10).
 //!
@@ -26,8 +27,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use outboxd::NewMessage;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_postgres::{Client, NoTls};
+
+#[path = "bench/pairs.rs"]
+mod pairs;
 
 struct Opts {
     db: String,
@@ -1140,6 +1144,8 @@ async fn main() -> anyhow::Result<()> {
         "memory",
         "ceiling",
         "depth",
+        "peer",
+        "ab",
     ] {
         if !o.wants(name) {
             continue;
@@ -1151,6 +1157,8 @@ async fn main() -> anyhow::Result<()> {
             "latency" => latency(&o, &mut rows).await?,
             "memory" => memory(&o, &mut rows).await?,
             "ceiling" => ceiling(&o, &mut rows).await?,
+            "peer" => pairs::peer(&o, &mut rows).await?,
+            "ab" => pairs::ab(&o, &mut rows).await?,
             _ => depth(&o, &mut rows).await?,
         }
         let share = steal.percent();
