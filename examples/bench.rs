@@ -14,6 +14,8 @@
 //! * `BENCH_SCALEOUT` (`1x64,2x32,4x16,2x64,4x64,1x256`: processes × concurrency each),
 //!   `BENCH_QUIET_WAIT` (180: the longest wait, in seconds, for a quieter machine before
 //!   each scale-out round);
+//! * sections run only when named: peer, ab (`bench/pairs.rs` says what they take:
+//!   `BENCH_PEER`, `BENCH_A_*`, `BENCH_B_*`);
 //! * `BENCH_N` (20000), `BENCH_RUNS` (3), `BENCH_DEPTH_PENDING` (1000000),
 //!   `BENCH_DEPTH_DELIVERED` (10000000), `BENCH_LATENCY_RATE` (500), `BENCH_LATENCY_SECS` (10).
 //!
@@ -31,8 +33,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use outboxd::NewMessage;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_postgres::{Client, NoTls};
+
+#[path = "bench/pairs.rs"]
+mod pairs;
 
 struct Opts {
     db: String,
@@ -1247,6 +1252,8 @@ async fn main() -> anyhow::Result<()> {
         "depth",
         "scaleout",
         "ordering",
+        "peer",
+        "ab",
     ] {
         if !o.wants(name) {
             continue;
@@ -1260,6 +1267,8 @@ async fn main() -> anyhow::Result<()> {
             "ceiling" => ceiling(&o, &mut rows).await?,
             "scaleout" => scaleout(&o, &mut rows).await?,
             "ordering" => ordering(&o, &mut rows).await?,
+            "peer" => pairs::peer(&o, &mut rows).await?,
+            "ab" => pairs::ab(&o, &mut rows).await?,
             _ => depth(&o, &mut rows).await?,
         }
         let share = steal.percent();

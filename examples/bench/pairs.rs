@@ -1,0 +1,343 @@
+//! The `peer` and `ab` sections: two contenders run in interleaved pairs on the same sink,
+//! each drain on a fresh database, with the CPU each side and PostgreSQL spent per delivery.
+//!
+//! * `peer`: outboxd against graphile_worker 0.14 (bench/peers/graphile, built by bench/run;
+//!   its binary in `BENCH_PEER`), `BENCH_RUNS` pairs, the order alternating from pair to pair
+//!   so that a drift in the host's load favours neither; prints both rates, the ratio and the
+//!   median ratio.
+//! * `ab`: two outboxd builds or settings: `BENCH_A_OUTBOXD` / `BENCH_B_OUTBOXD` (default
+//!   `BENCH_OUTBOXD`) and `BENCH_A_ENV` / `BENCH_B_ENV` (`NAME=value` pairs separated by
+//!   spaces) — the same pairs, the ratio B ÷ A.
+//!
+//! CPU: the daemon's from `/proc/PID/stat`, polled every 2 ms until it exits (the last read
+//! of a zombie gives its totals); the peer prints its own. PostgreSQL's: the postmaster's own
+//! time plus its reaped children's (`cutime`, `cstime`) plus every live child's, at the start
+//! and at the end of the drain, so a backend that exits in between still counts.
+
+use super::*;
+
+const USER_HZ: f64 = 100.0;
+
+/// The fields of /proc/PID/stat after the command name (field 3 is index 0).
+fn stat_fields(pid: u32) -> Option<Vec<u64>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    // State (a letter) becomes 0; the rest are numbers.
+    Some(
+        rest.split_whitespace()
+            .map(|f| f.parse().unwrap_or(0))
+            .collect(),
+    )
+}
+
+/// (user, system) seconds of one process.
+fn proc_cpu(pid: u32) -> Option<(f64, f64)> {
+    let f = stat_fields(pid)?;
+    Some((*f.get(11)? as f64 / USER_HZ, *f.get(12)? as f64 / USER_HZ))
+}
+
+/// CPU seconds of the whole PostgreSQL cluster whose postmaster is `pm`.
+fn pg_cpu(pm: u32) -> f64 {
+    let mut ticks = 0u64;
+    if let Some(f) = stat_fields(pm) {
+        ticks += f.get(11..15).map(|s| s.iter().sum()).unwrap_or(0);
+    }
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some(f) = stat_fields(pid) {
+                if f.get(1) == Some(&(pm as u64)) {
+                    ticks += f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0);
+                }
+            }
+        }
+    }
+    ticks as f64 / USER_HZ
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// The postmaster: the parent of our own backend.
+async fn postmaster(client: &Client) -> anyhow::Result<u32> {
+    let pid: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+    let f = stat_fields(pid as u32).context("cannot read our backend's /proc entry")?;
+    Ok(*f.get(1).context("no ppid")? as u32)
+}
+
+enum Side {
+    Outboxd {
+        label: String,
+        bin: PathBuf,
+        env: Vec<(String, String)>,
+    },
+    Graphile {
+        bin: PathBuf,
+    },
+}
+
+impl Side {
+    fn label(&self) -> &str {
+        match self {
+            Side::Outboxd { label, .. } => label,
+            Side::Graphile { .. } => "graphile_worker",
+        }
+    }
+}
+
+struct Figures {
+    rate: f64,
+    /// CPU µs per delivery of the daemon (or the peer's process).
+    own_us: f64,
+    /// CPU µs per delivery of PostgreSQL.
+    pg_us: f64,
+}
+
+fn parse_env(spec: &str) -> Vec<(String, String)> {
+    spec.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<Figures> {
+    let load = loadavg();
+    let steal = Steal::start();
+    let (took, own, pg) = match side {
+        Side::Outboxd { bin, env, .. } => {
+            let url = fresh_db(o, &format!("bench_{tag}")).await?;
+            let client = connect(&url).await?;
+            load_jobs(&client, "tp", o.n, &o.payload(&o.sink)).await?;
+            client
+                .batch_execute("VACUUM ANALYZE outbox.messages")
+                .await?;
+            client.batch_execute("CHECKPOINT").await?;
+            let log = std::fs::File::create(o.out.join(format!("{tag}.log")))?;
+            let pg0 = pg_cpu(pm);
+            let started = Instant::now();
+            let mut child = tokio::process::Command::new(bin)
+                .args(["run", "--drain", "--concurrency", "64"])
+                .env("DATABASE_URL", &url)
+                .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true")
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .stdout(Stdio::null())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()?;
+            let pid = child.id().unwrap_or(0);
+            let mut cpu = (0.0, 0.0);
+            loop {
+                if let Some(c) = proc_cpu(pid) {
+                    cpu = c;
+                }
+                if let Some(st) = child.try_wait()? {
+                    if !st.success() {
+                        bail!("{tag}: outboxd exited with {st}");
+                    }
+                    break;
+                }
+                if started.elapsed() > Duration::from_secs(300) {
+                    let _ = child.kill().await;
+                    bail!("{tag}: outboxd did not finish within 300 s");
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let took = started.elapsed().as_secs_f64();
+            let pg = pg_cpu(pm) - pg0;
+            let delivered: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM outbox.messages WHERE state = 'delivered'",
+                    &[],
+                )
+                .await?
+                .get(0);
+            if delivered as usize != o.n {
+                bail!("{tag}: {delivered} of {} delivered", o.n);
+            }
+            (took, cpu.0 + cpu.1, pg)
+        }
+        Side::Graphile { bin } => {
+            let name = format!("bench_{tag}");
+            let admin = connect(&o.db).await?;
+            admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await?;
+            admin.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+            let url = o.db_named(&name);
+            let log = std::fs::File::create(o.out.join(format!("{tag}.log")))?;
+            let mut child = tokio::process::Command::new(bin)
+                .env("PEER_DATABASE_URL", &url)
+                .env("PEER_SINK_URL", &o.sink)
+                .env("PEER_BODY", env_or("BENCH_BODY", "../shared/bench/body.json"))
+                .env("PEER_N", o.n.to_string())
+                .env("PEER_CONCURRENCY", "64")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()?;
+            let mut stdin = child.stdin.take().context("peer stdin")?;
+            let mut lines =
+                tokio::io::BufReader::new(child.stdout.take().context("peer stdout")?).lines();
+            let first = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
+                .await
+                .context("peer: no `enqueued` line within 300 s")??
+                .context("peer exited before enqueueing")?;
+            if !first.starts_with("enqueued") {
+                bail!("peer said {first:?}");
+            }
+            let client = connect(&url).await?;
+            client
+                .batch_execute("VACUUM ANALYZE graphile_worker._private_jobs")
+                .await?;
+            client.batch_execute("CHECKPOINT").await?;
+            let pg0 = pg_cpu(pm);
+            stdin.write_all(b"go\n").await?;
+            stdin.flush().await?;
+            let line = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
+                .await
+                .context("peer: no result within 300 s")??
+                .context("peer exited without a result")?;
+            let pg = pg_cpu(pm) - pg0;
+            // "peer: drained N jobs in S s = R/s; cpu U s user + K s sys"
+            let num_after = |marker: &str| -> anyhow::Result<f64> {
+                let rest = line
+                    .split_once(marker)
+                    .with_context(|| format!("peer said {line:?}"))?
+                    .1;
+                Ok(rest
+                    .split_whitespace()
+                    .next()
+                    .context("no number")?
+                    .parse()?)
+            };
+            let took = num_after(" jobs in ")?;
+            let cpu = num_after("; cpu ")? + num_after(" user + ")?;
+            drop(stdin);
+            let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+            (took, cpu, pg)
+        }
+    };
+    let n = o.n as f64;
+    let f = Figures {
+        rate: n / took,
+        own_us: own * 1e6 / n,
+        pg_us: pg * 1e6 / n,
+    };
+    println!(
+        "  {tag} {}: {} jobs in {took:.3} s = {}/s; CPU per delivery: own {:.0} µs, PostgreSQL {:.0} µs; steal {:.0} %; load before {load}",
+        side.label(),
+        o.n,
+        fmt_rate(f.rate),
+        f.own_us,
+        f.pg_us,
+        steal.percent(),
+    );
+    Ok(f)
+}
+
+/// `BENCH_RUNS` interleaved pairs of `a` and `b`; the ratio is b ÷ a.
+async fn pairs(o: &Opts, a: &Side, b: &Side, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let admin = connect(&o.db).await?;
+    let pm = postmaster(&admin).await?;
+    let mut ratios = Vec::new();
+    let (mut ra, mut rb) = (Vec::new(), Vec::new());
+    let (mut own_a, mut own_b, mut pg_a, mut pg_b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for pair in 0..o.runs {
+        // a b, b a, a b, …: neither side always runs first.
+        let (fa, fb) = if pair % 2 == 0 {
+            let fa = run_side(o, a, &format!("p{pair}_a"), pm).await?;
+            let fb = run_side(o, b, &format!("p{pair}_b"), pm).await?;
+            (fa, fb)
+        } else {
+            let fb = run_side(o, b, &format!("p{pair}_b"), pm).await?;
+            let fa = run_side(o, a, &format!("p{pair}_a"), pm).await?;
+            (fa, fb)
+        };
+        let ratio = fb.rate / fa.rate;
+        println!(
+            "  pair {}: {} {}/s, {} {}/s: {} ÷ {} = {ratio:.2}",
+            pair + 1,
+            a.label(),
+            fmt_rate(fa.rate),
+            b.label(),
+            fmt_rate(fb.rate),
+            b.label(),
+            a.label()
+        );
+        ratios.push(ratio);
+        ra.push(fa.rate);
+        rb.push(fb.rate);
+        own_a.push(fa.own_us);
+        own_b.push(fb.own_us);
+        pg_a.push(fa.pg_us);
+        pg_b.push(fb.pg_us);
+    }
+    let runs = o.runs;
+    rows.push(Row {
+        figure: format!("{} ÷ {}, 64 in flight, median of {runs} pairs", b.label(), a.label()),
+        result: format!(
+            "{:.2} ({} {}/s, {} {}/s)",
+            median(ratios),
+            a.label(),
+            fmt_rate(median(ra)),
+            b.label(),
+            fmt_rate(median(rb))
+        ),
+        target: "".into(),
+    });
+    for (side, own, pg) in [(a, own_a, pg_a), (b, own_b, pg_b)] {
+        rows.push(Row {
+            figure: format!("CPU per delivery, {} (median of {runs})", side.label()),
+            result: format!(
+                "own process {:.0} µs, PostgreSQL {:.0} µs",
+                median(own),
+                median(pg)
+            ),
+            target: "".into(),
+        });
+    }
+    Ok(())
+}
+
+pub(super) async fn peer(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    println!(
+        "== peer: outboxd and graphile_worker 0.14, {} jobs each, 64 in flight, {} interleaved pairs",
+        o.n, o.runs
+    );
+    let a = Side::Outboxd {
+        label: "outboxd".into(),
+        bin: o.outboxd.clone(),
+        env: Vec::new(),
+    };
+    let b = Side::Graphile {
+        bin: std::env::var("BENCH_PEER")
+            .context("BENCH_PEER (the peer's binary; bench/run builds it)")?
+            .into(),
+    };
+    // The ratio the issue asks for is outboxd ÷ peer: run the pairs with outboxd as `b`.
+    pairs(o, &b, &a, rows).await
+}
+
+pub(super) async fn ab(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let side = |which: &str| Side::Outboxd {
+        label: which.to_owned(),
+        bin: std::env::var(format!("BENCH_{which}_OUTBOXD"))
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| o.outboxd.clone()),
+        env: parse_env(&env_or(&format!("BENCH_{which}_ENV"), "")),
+    };
+    let (a, b) = (side("A"), side("B"));
+    for (name, s) in [("A", &a), ("B", &b)] {
+        if let Side::Outboxd { bin, env, .. } = s {
+            println!("  {name}: {} {env:?}", bin.display());
+        }
+    }
+    println!("== ab: {} jobs each, 64 in flight, {} interleaved pairs", o.n, o.runs);
+    pairs(o, &a, &b, rows).await
+}
