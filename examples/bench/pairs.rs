@@ -65,7 +65,10 @@ fn loadavg() -> String {
 
 /// The postmaster: the parent of our own backend.
 async fn postmaster(client: &Client) -> anyhow::Result<u32> {
-    let pid: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
     let f = stat_fields(pid as u32).context("cannot read our backend's /proc entry")?;
     Ok(*f.get(1).context("no ppid")? as u32)
 }
@@ -167,13 +170,18 @@ async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<F
             admin
                 .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                 .await?;
-            admin.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+            admin
+                .batch_execute(&format!("CREATE DATABASE {name}"))
+                .await?;
             let url = o.db_named(&name);
             let log = std::fs::File::create(o.out.join(format!("{tag}.log")))?;
             let mut child = tokio::process::Command::new(bin)
                 .env("PEER_DATABASE_URL", &url)
                 .env("PEER_SINK_URL", &o.sink)
-                .env("PEER_BODY", env_or("BENCH_BODY", "../shared/bench/body.json"))
+                .env(
+                    "PEER_BODY",
+                    env_or("BENCH_BODY", "../shared/bench/body.json"),
+                )
                 .env("PEER_N", o.n.to_string())
                 .env("PEER_CONCURRENCY", "64")
                 .stdin(Stdio::piped())
@@ -247,7 +255,8 @@ async fn pairs(o: &Opts, a: &Side, b: &Side, rows: &mut Vec<Row>) -> anyhow::Res
     let pm = postmaster(&admin).await?;
     let mut ratios = Vec::new();
     let (mut ra, mut rb) = (Vec::new(), Vec::new());
-    let (mut own_a, mut own_b, mut pg_a, mut pg_b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut own_a, mut own_b, mut pg_a, mut pg_b) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for pair in 0..o.runs {
         // a b, b a, a b, …: neither side always runs first.
         let (fa, fb) = if pair % 2 == 0 {
@@ -280,7 +289,11 @@ async fn pairs(o: &Opts, a: &Side, b: &Side, rows: &mut Vec<Row>) -> anyhow::Res
     }
     let runs = o.runs;
     rows.push(Row {
-        figure: format!("{} ÷ {}, 64 in flight, median of {runs} pairs", b.label(), a.label()),
+        figure: format!(
+            "{} ÷ {}, 64 in flight, median of {runs} pairs",
+            b.label(),
+            a.label()
+        ),
         result: format!(
             "{:.2} ({} {}/s, {} {}/s)",
             median(ratios),
@@ -338,6 +351,9 @@ pub(super) async fn ab(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
             println!("  {name}: {} {env:?}", bin.display());
         }
     }
-    println!("== ab: {} jobs each, 64 in flight, {} interleaved pairs", o.n, o.runs);
+    println!(
+        "== ab: {} jobs each, 64 in flight, {} interleaved pairs",
+        o.n, o.runs
+    );
     pairs(o, &a, &b, rows).await
 }
