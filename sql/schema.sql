@@ -1,4 +1,4 @@
--- outboxd: the live schema after every migration of sql/ (0001 … 0012), in one file.
+-- outboxd: the live schema after every migration of sql/ (0001 … 0013), in one file.
 -- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
 -- only the numbered files). tests/schema.rs loads it into an empty database and compares
 -- the catalog with a migrated one; after a new migration, regenerate it with
@@ -162,6 +162,28 @@ BEGIN
     RETURNING m.id, m.message_key;
 END
 $$;
+
+
+--
+-- Name: destination_of(text, jsonb); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.destination_of(channel text, payload jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+    SELECT CASE
+        WHEN p[2] IS NULL OR p[2] = '' THEN NULL
+        WHEN p[3] IS NULL
+          OR (lower(p[1]) = 'http' AND p[3]::int = 80)
+          OR (lower(p[1]) = 'https' AND p[3]::int = 443) THEN rtrim(lower(p[2]), '.')
+        ELSE rtrim(lower(p[2]), '.') || ':' || p[3]::int::text
+    END
+    FROM (SELECT CASE WHEN channel = 'webhook' AND jsonb_typeof(payload -> 'url') = 'string'
+                      THEN regexp_match(payload ->> 'url',
+                          '^([A-Za-z][A-Za-z0-9+.-]*)://(?:[^/?#]*@)?(\[[0-9A-Fa-f:.]+\]|[^][/?#:@\s[:cntrl:]]+)(?::([0-9]{1,5}))?(?:[/?#]|$)')
+                 END AS p) m
+$_$;
 
 
 --

@@ -47,6 +47,10 @@ pub struct Claimed {
     /// The payload names a reconciliation lookup (a webhook's `reconcile.url`,
     /// `outbox.reconcilable`): after an ambiguous attempt the next one asks first.
     pub reconcile: bool,
+    /// Where a webhook goes, as `outbox.destination_of` names it (its URL's host, and port
+    /// when not the scheme's default): the key of the rules per destination. `None` for
+    /// e-mail and for a URL the function cannot read.
+    pub destination: Option<String>,
 }
 
 /// A row picked by the claim whose previous lease had expired and that may not be sent
@@ -234,6 +238,7 @@ fn claim_batch(rows: Vec<tokio_postgres::Row>) -> ClaimBatch {
             lease_token: row.get("lease_token"),
             previous_class: previous_class.and_then(ErrorClass::parse),
             reconcile: row.get("reconcile"),
+            destination: row.get("destination"),
         });
     }
     batch

@@ -95,6 +95,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "ordering_keys",
         sql: include_str!("../sql/0012_ordering_keys.sql"),
     },
+    Migration {
+        version: 13,
+        name: "destinations",
+        sql: include_str!("../sql/0013_destinations.sql"),
+    },
 ];
 
 /// Why migrating failed.

@@ -13,6 +13,7 @@ mod cli;
 mod cli_bad_args;
 mod console;
 mod daemon;
+mod destinations;
 mod email;
 mod enqueue;
 mod failover;

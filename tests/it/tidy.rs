@@ -61,6 +61,10 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
         "0012_ordering_keys.sql",
         "6e0cd6b611934cd4c726f2c3414690de80d3bdd88e0dcbb226b7ffd28944eaac",
     ),
+    (
+        "0013_destinations.sql",
+        "1aeb0eb7267916790d9c5f65f158ce0fb46940c0c9217a199b45f397bfe1936c",
+    ),
 ];
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it
