@@ -241,6 +241,18 @@ pub struct RunArgs {
     /// How long in-flight attempts may finish after SIGTERM or SIGINT.
     #[arg(long, env = "OUTBOXD_SHUTDOWN_GRACE", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub shutdown_grace: Duration,
+    /// Most webhook requests in flight to one host and port (0: no cap below --concurrency).
+    #[arg(
+        long,
+        env = "OUTBOXD_HOST_CONCURRENCY",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub host_concurrency: usize,
+    /// Requests per second or minute to a host: host=N/s|N/m, comma-separated
+    /// (hooks.slack.com=1/s,api.example.com=600/m).
+    #[arg(long, env = "OUTBOXD_WEBHOOK_RATE_LIMITS", value_name = "LIST")]
+    pub webhook_rate_limits: Option<String>,
     /// Exit once no message of this worker's channels is pending or running.
     #[arg(long, env = "OUTBOXD_DRAIN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub drain: bool,

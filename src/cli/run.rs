@@ -45,6 +45,8 @@ fn run_input(args: &RunArgs, env: &Env) -> RunInput {
         allow_private_networks: env.allow_private_networks.clone(),
         webhook_allow_hosts: env.webhook_allow_hosts.clone(),
         email_message_id_domain: env.email_message_id_domain.clone(),
+        host_concurrency: args.host_concurrency,
+        webhook_rate_limits: args.webhook_rate_limits.clone(),
     }
 }
 

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use crate::config::WorkerConfig;
+use crate::config::limits::{DestinationLimits, RateLimits};
 use crate::deliver::email::settings::{EmailConfig, SmtpUrl, parse_message_id_domain};
 use crate::deliver::webhook::settings::{DestinationPolicy, SigningKeys, WebhookConfig};
 use crate::model::{Channel, ConfigError};
@@ -61,6 +62,10 @@ pub struct RunInput {
     pub webhook_allow_hosts: Option<String>,
     /// `OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN`.
     pub email_message_id_domain: Option<String>,
+    /// `--host-concurrency`: most webhook requests in flight to one destination (0: no cap).
+    pub host_concurrency: usize,
+    /// `--webhook-rate-limits` / `OUTBOXD_WEBHOOK_RATE_LIMITS`: `host=N/s|N/m`, comma-separated.
+    pub webhook_rate_limits: Option<String>,
 }
 
 /// Builds the worker's settings from the raw values, validated. The e-mail settings are
@@ -75,7 +80,12 @@ pub fn worker_settings(
     let email = email_settings(input, &channels)?;
     check_retention(input.retention)?;
     let webhook = webhook_settings(input)?;
-    let worker = worker_config(input, channels);
+    let rate_limits = RateLimits::parse(input.webhook_rate_limits.as_deref().unwrap_or(""))?;
+    let mut worker = worker_config(input, channels);
+    worker.limits = DestinationLimits {
+        host_concurrency: input.host_concurrency,
+        rate_limits,
+    };
     worker.validate(longest_attempt(input, &worker.channels))?;
     Ok((worker, webhook, email))
 }
@@ -197,6 +207,7 @@ fn worker_config(input: &RunInput, channels: Vec<Channel>) -> WorkerConfig {
         drain: input.drain,
         shutdown_grace: input.shutdown_grace,
         listen: true,
+        limits: DestinationLimits::default(),
     }
 }
 

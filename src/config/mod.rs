@@ -8,6 +8,7 @@
 //! the process with one line; nothing here reads the environment twice or mutates it.
 
 pub mod assemble;
+pub mod limits;
 
 use crate::model::ConfigError;
 use std::time::Duration;
@@ -93,6 +94,8 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// LISTEN for `outbox_messages` notifications (polling stays as the fallback).
     pub listen: bool,
+    /// Limits per destination (`--host-concurrency`, rate limits).
+    pub limits: limits::DestinationLimits,
 }
 
 impl Default for WorkerConfig {
@@ -108,6 +111,7 @@ impl Default for WorkerConfig {
             drain: false,
             shutdown_grace: Duration::from_secs(30),
             listen: true,
+            limits: limits::DestinationLimits::default(),
         }
     }
 }
@@ -131,6 +135,11 @@ impl WorkerConfig {
         if self.batch_size == 0 || self.batch_size > 10_000 {
             return Err(ConfigError(
                 "--batch-size must be between 1 and 10000".into(),
+            ));
+        }
+        if self.limits.host_concurrency > 10_000 {
+            return Err(ConfigError(
+                "--host-concurrency must be between 0 (no cap) and 10000".into(),
             ));
         }
         if self.poll_interval.is_zero() {

@@ -11,6 +11,7 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 use super::Shared;
+use super::destinations::Admission;
 use super::lane::{InLane, Lane};
 use crate::claim::{Claimed, Completion};
 use crate::deliver::webhook::reconcile::Lookup;
@@ -38,7 +39,6 @@ pub(super) struct Deferred {
 
 impl Done {
     /// Defers `msg` for `reason`, due again after `delay`.
-    #[allow(dead_code)] // the destination rules (issue 18) are its callers
     pub(super) fn deferred(msg: Claimed, reason: DeferReason, delay: Duration) -> Done {
         Done::Deferred(Deferred {
             id: msg.id,
@@ -113,7 +113,15 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at
         );
         return Done::Released(msg.id, msg.lease_token);
     }
-    attempt(shared, msg, ready).await
+    // The limits per destination decide last, just before the request: a slot or a rate
+    // token is taken only by a message that is really about to be sent.
+    let permit = match shared.gates.admit(msg.destination.as_deref()) {
+        Admission::Go(permit) => permit,
+        Admission::Defer(reason, delay) => return Done::deferred(msg, reason, delay),
+    };
+    let done = attempt(shared, msg, ready).await;
+    drop(permit);
+    done
 }
 
 /// One attempt: send, classify, decide. Never touches the database.

@@ -106,11 +106,16 @@ impl ClaimLoop {
                     _ = tokio::time::sleep(wait) => false,
                     _ = shutdown.as_mut() => true,
                 },
-                Next::Idle => tokio::select! {
-                    _ = self.shared.wake.notified() => false,
-                    _ = tokio::time::sleep(self.shared.cfg.poll_interval) => false,
-                    _ = shutdown.as_mut() => true,
-                },
+                Next::Idle => {
+                    // The poll interval, or sooner when a deferred message comes due.
+                    let poll = Instant::now() + self.shared.cfg.poll_interval;
+                    let until = self.shared.next_alarm().map_or(poll, |a| a.min(poll));
+                    tokio::select! {
+                        _ = self.shared.wake.notified() => false,
+                        _ = tokio::time::sleep_until(until.into()) => false,
+                        _ = shutdown.as_mut() => true,
+                    }
+                }
             };
             if stopped {
                 return;

@@ -117,6 +117,12 @@ pub(super) async fn completer(
                 claim::defer(&***client, &rows)
             });
             if let Some(ids) = deferred {
+                // Due again in the database from now on; the small margin covers the
+                // difference between the two clocks' "now".
+                let now = std::time::Instant::now();
+                for d in &deferrals {
+                    shared.alarm(now + d.deferral.delay + ALARM_MARGIN);
+                }
                 log_deferrals(&shared, &deferrals, &ids);
             }
         }
@@ -124,6 +130,9 @@ pub(super) async fn completer(
         shared.wake.notify_one();
     }
 }
+
+/// How long after a deferred message's due time the claim loop looks for it.
+const ALARM_MARGIN: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// One line per deferral, `deferred=<reason>`; a row whose lease was no longer ours was
 /// not touched and says so.

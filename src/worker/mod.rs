@@ -33,13 +33,16 @@ mod attempt;
 mod claim_loop;
 mod completer;
 mod db_call;
+mod destinations;
 mod lane;
 pub mod maintenance;
 mod wakeup;
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use tokio::sync::{Notify, mpsc, watch};
@@ -100,6 +103,35 @@ struct Shared {
     /// Set at shutdown: tasks that have not started release their row instead.
     stopping: CancellationToken,
     summary: Mutex<RunSummary>,
+    /// The limits per destination of this process.
+    gates: destinations::Gates,
+    /// When deferred messages come due again: the idle claim loop wakes then instead of
+    /// waiting for the poll interval, so a message given back for 200 ms is not sent a
+    /// second late.
+    alarms: Mutex<BinaryHeap<Reverse<Instant>>>,
+}
+
+/// Most alarms kept: beyond this a deferred message is found by the next poll instead.
+const MAX_ALARMS: usize = 4096;
+
+impl Shared {
+    /// Wakes the idle claim loop at `at`.
+    fn alarm(&self, at: Instant) {
+        let mut alarms = lock(&self.alarms);
+        if alarms.len() < MAX_ALARMS {
+            alarms.push(Reverse(at));
+        }
+    }
+
+    /// The next alarm after now, dropping those that have passed.
+    fn next_alarm(&self) -> Option<Instant> {
+        let mut alarms = lock(&self.alarms);
+        let now = Instant::now();
+        while alarms.peek().is_some_and(|Reverse(at)| *at <= now) {
+            alarms.pop();
+        }
+        alarms.peek().map(|Reverse(at)| *at)
+    }
 }
 
 /// A worker: a pool, settings, and the channels it delivers on.
@@ -118,8 +150,11 @@ impl Worker {
         listen: Option<crate::db::Database>,
     ) -> Self {
         let listen = if cfg.listen { listen } else { None };
+        let gates = destinations::Gates::new(cfg.limits.clone(), deliverers.webhook.timeout());
         Worker {
             shared: Arc::new(Shared {
+                gates,
+                alarms: Mutex::new(BinaryHeap::new()),
                 cfg,
                 pool,
                 deliverers,

@@ -183,6 +183,35 @@ fn bad_arguments_exit_2_with_one_line_before_any_connection() {
             "concurrency",
         ),
         (
+            "run: host concurrency negative",
+            vec!["run", "--host-concurrency=-1"],
+            "host-concurrency",
+        ),
+        (
+            "run: host concurrency too large",
+            vec!["run", "--host-concurrency", "10001"],
+            "host-concurrency",
+        ),
+        (
+            "run: rate limit without a unit",
+            vec!["run", "--webhook-rate-limits", "hooks.slack.com=1"],
+            "hooks.slack.com=1",
+        ),
+        (
+            "run: rate limit of zero",
+            vec![
+                "run",
+                "--webhook-rate-limits",
+                "a.example=1/s,b.example=0/m",
+            ],
+            "b.example=0/m",
+        ),
+        (
+            "run: rate limit with a control character",
+            vec!["run", "--webhook-rate-limits", "a\u{1b}[2J.example=1/s"],
+            "OUTBOXD_WEBHOOK_RATE_LIMITS",
+        ),
+        (
             "run: concurrency overflow",
             vec!["run", "--concurrency", "99999999999999999999999"],
             "concurrency",

@@ -5,6 +5,7 @@
 
 use crate::common;
 
+use common::receiver::{Receiver, Reply};
 use common::*;
 use outboxd::claim;
 use outboxd::model::Channel;
@@ -108,5 +109,180 @@ async fn the_claim_names_each_messages_destination() {
             ("a".into(), Some("a.example:8443".into())),
             ("b".into(), Some("b.example".into())),
         ]
+    );
+}
+
+/// Deliveries to `receiver` recorded as delivered in the database.
+async fn delivered_to(db: &TestDb, prefix: &str) -> i64 {
+    db.client()
+        .await
+        .query_one(
+            "SELECT count(*) FROM outbox.messages WHERE state = 'delivered' AND message_key LIKE $1",
+            &[&format!("{prefix}%")],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Enqueues `n` webhooks to `url`, keys `{prefix}{i}`, in one call.
+async fn enqueue_to(db: &TestDb, prefix: &str, url: &str, n: usize) {
+    let msgs: Vec<_> = (0..n)
+        .map(|i| {
+            outboxd::NewMessage::webhook(
+                format!("{prefix}{i}"),
+                serde_json::json!({"url": url, "body": {"i": i}}),
+            )
+        })
+        .collect();
+    outboxd::enqueue_many(&db.client().await, &msgs)
+        .await
+        .unwrap();
+}
+
+/// Seconds until every `fast:` message is delivered, with `stalled` stalled messages ahead
+/// of them in the queue (0: none), under `--host-concurrency cap`.
+async fn drain_fast(cap: usize, stalled: usize, fast: &Receiver, slow: &Receiver) -> (f64, TestDb) {
+    let db = TestDb::new().await;
+    // The stalled host's rows come first in the queue, so without a cap they take every slot.
+    enqueue_to(&db, "slow:", &slow.url("/hook?token=s3cret"), stalled).await;
+    enqueue_to(&db, "fast:", &fast.url("/hook"), FAST).await;
+    let mut cfg = test_worker_config("w");
+    cfg.concurrency = 8;
+    cfg.limits.host_concurrency = cap;
+    let t0 = std::time::Instant::now();
+    let worker = RunningWorker::start(&db, cfg, test_webhook_config());
+    wait_until(
+        std::time::Duration::from_secs(120),
+        "every fast message delivered",
+        || {
+            let db = &db;
+            async move { delivered_to(db, "fast:").await == FAST as i64 }
+        },
+    )
+    .await;
+    let took = t0.elapsed().as_secs_f64();
+    worker.stop().await;
+    (took, db)
+}
+
+const FAST: usize = 300;
+
+/// A receiver that stalls for the whole timeout holds at most `--host-concurrency` slots;
+/// a fast receiver beside it keeps flowing (issue 18, part 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_host_holds_at_most_its_cap_and_the_others_keep_flowing() {
+    let fast = Receiver::start().await;
+    let slow = Receiver::start().await;
+    // Longer than the 2 s webhook timeout: every request to it times out.
+    slow.set_default(Reply::Stall(std::time::Duration::from_secs(60)));
+    let (alone, _) = drain_fast(2, 0, &fast, &slow).await;
+    let (mixed, db) = drain_fast(2, 100, &fast, &slow).await;
+    let ratio = alone / mixed;
+    eprintln!(
+        "fast host: {FAST} messages in {alone:.2} s alone, {mixed:.2} s beside a stalled host \
+         with --host-concurrency 2 of --concurrency 8: throughput ratio {ratio:.2}"
+    );
+    // Never more than two requests in flight to the stalled host: each one lasts the 2 s
+    // timeout, so no three start within less than that.
+    let mut starts: Vec<_> = slow.requests().iter().map(|r| r.at).collect();
+    starts.sort();
+    assert!(!starts.is_empty(), "the stalled host was tried");
+    for w in starts.windows(3) {
+        let span = w[2] - w[0];
+        assert!(
+            span >= std::time::Duration::from_millis(1800),
+            "three requests to the stalled host within {span:?}"
+        );
+    }
+    // Without the cap the stalled host's 100 rows hold all 8 slots for 2 s each (25 s before
+    // the fast ones get through); with it the fast host keeps most of its speed. The issue's
+    // figure (within 20 %) is printed above; the assertion leaves room for a loaded machine.
+    assert!(
+        ratio >= 0.5,
+        "the fast host slowed to {ratio:.2} of its speed alone"
+    );
+    // The deferrals cost the stalled messages nothing: no attempt was counted for a message
+    // that was given back unsent, and none wrote history.
+    let c = db.client().await;
+    let row = c
+        .query_one(
+            "SELECT count(*) FILTER (WHERE attempts > 0), \
+                    (SELECT count(*) FROM outbox.attempts a JOIN outbox.messages m \
+                       ON m.id = a.message_id WHERE m.message_key LIKE 'slow:%') \
+             FROM outbox.messages WHERE message_key LIKE 'slow:%'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (tried, history): (i64, i64) = (row.get(0), row.get(1));
+    assert!(
+        history <= slow.requests().len() as i64 && tried <= slow.requests().len() as i64,
+        "{tried} messages counted and {history} history rows for {} requests",
+        slow.requests().len()
+    );
+}
+
+/// `5/s` holds within one over any 3 s, with 50 messages due at once; each message is
+/// counted once and has one history row (issue 18, part 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_of_five_a_second_holds() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    let other = Receiver::start().await;
+    enqueue_to(&db, "r:", &rx.url("/hook"), 50).await;
+    enqueue_to(&db, "o:", &other.url("/hook"), 20).await;
+    let mut cfg = test_worker_config("w");
+    // A poll interval longer than the rate's spacing: the deferred messages come back on
+    // time because the loop wakes when they are due.
+    cfg.poll_interval = std::time::Duration::from_secs(1);
+    cfg.limits.rate_limits =
+        outboxd::config::limits::RateLimits::parse(&format!("{}=5/s", rx.addr)).unwrap();
+    let worker = RunningWorker::start(&db, cfg, test_webhook_config());
+    // The other host is not limited.
+    other.wait_for(20, std::time::Duration::from_secs(10)).await;
+    let first = rx.wait_for(1, std::time::Duration::from_secs(10)).await[0].at;
+    wait_until(
+        std::time::Duration::from_secs(10),
+        "3.5 s after the first request",
+        || async move { first.elapsed() >= std::time::Duration::from_millis(3500) },
+    )
+    .await;
+    let got: Vec<_> = rx.requests().iter().map(|r| r.at - first).collect();
+    let in_3s = got
+        .iter()
+        .filter(|d| **d < std::time::Duration::from_secs(3))
+        .count();
+    eprintln!(
+        "5/s: {in_3s} requests in the first 3 s, {} in 3.5 s: {got:?}",
+        got.len()
+    );
+    assert!((14..=16).contains(&in_3s), "{in_3s} requests in 3 s at 5/s");
+    // Any 3 s window, not just the first.
+    for (i, start) in got.iter().enumerate() {
+        let n = got[i..]
+            .iter()
+            .filter(|d| **d - *start < std::time::Duration::from_secs(3))
+            .count();
+        assert!(n <= 16, "{n} requests in the 3 s from {start:?}");
+    }
+    worker.stop().await;
+    let c = db.client().await;
+    let row = c
+        .query_one(
+            "SELECT coalesce(max(attempts), 0), \
+                    (SELECT count(*) FROM outbox.attempts a JOIN outbox.messages m \
+                       ON m.id = a.message_id WHERE m.message_key LIKE 'r:%'), \
+                    count(*) FILTER (WHERE state = 'delivered') \
+             FROM outbox.messages WHERE message_key LIKE 'r:%'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (max_attempts, history, delivered): (i32, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(max_attempts, 1, "a deferral is not an attempt");
+    assert_eq!(
+        history, delivered,
+        "one history row per delivered message, none per deferral"
     );
 }

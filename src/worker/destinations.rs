@@ -1,0 +1,291 @@
+//! The limits per destination of this process (`--host-concurrency`, rate limits), applied
+//! by each delivery task just before it sends.
+//!
+//! A message that may not go now is never waited for while holding a delivery slot: a
+//! stalled receiver would then hold every slot, and the wait could outlast the lease. It is
+//! given back unsent and uncounted instead ([`Admission::Defer`], written by the completer
+//! as a [`Deferral`](crate::state::Deferral)), due again at the time it may go. The
+//! deferrals are spaced so that a backlog comes back about as fast as it can be sent, not
+//! all at once: each destination keeps the next free time (`next`) and hands out one slot
+//! after another.
+//!
+//! * Rate limits: a request may go when the destination's theoretical arrival time (the
+//!   GCRA's `tat`) has come; each request moves it one interval on. A request that comes
+//!   back late by under one interval keeps the schedule (the round trip through the
+//!   database makes every deferred message a little late, and the rate should not drift
+//!   below the limit for it); one later than that starts it afresh. So any window of `k`
+//!   intervals holds at most `k + 1` requests.
+//! * Host concurrency: at most N requests in flight. When all N are busy, the next comes
+//!   back after about one request's time divided by N (the mean of recent attempts to that
+//!   host), each later one a step after, but never later than one webhook timeout ahead:
+//!   past that every request in flight has ended one way or the other, and a receiver that
+//!   recovers should not find its backlog parked for hours.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::config::limits::DestinationLimits;
+use crate::state::DeferReason;
+use crate::support::lock;
+
+/// The shortest deferral: below this the round trip through the database costs more than
+/// the wait.
+const MIN_DEFER: Duration = Duration::from_millis(10);
+
+/// Per-process state of the limits, keyed by destination.
+pub(super) struct Gates {
+    limits: DestinationLimits,
+    /// The webhook timeout: the longest one request holds a slot.
+    timeout: Duration,
+    hosts: Mutex<HashMap<String, Host>>,
+    /// One schedule per rate-limit entry (several destinations can share an entry: a host
+    /// on any port).
+    rates: Mutex<Vec<Schedule>>,
+}
+
+/// One destination's requests in flight.
+#[derive(Default)]
+struct Host {
+    inflight: usize,
+    /// A running mean of how long its requests took.
+    mean: Option<Duration>,
+    /// When the next deferred message is due back.
+    next: Option<Instant>,
+}
+
+/// One rate limit's schedule.
+#[derive(Default, Clone, Copy)]
+struct Schedule {
+    /// The earliest time the next request may go (GCRA's theoretical arrival time).
+    tat: Option<Instant>,
+    /// When the next deferred message is due back.
+    next: Option<Instant>,
+}
+
+/// Whether a message may be sent now.
+pub(super) enum Admission<'a> {
+    /// Send it; hold the permit until the request has ended.
+    Go(Permit<'a>),
+    /// Give it back unsent, due again after this.
+    Defer(DeferReason, Duration),
+}
+
+/// One request in flight to a destination under `--host-concurrency`.
+pub(super) struct Permit<'a> {
+    held: Option<(&'a Gates, String, Instant)>,
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if let Some((gates, destination, started)) = self.held.take() {
+            gates.finished(&destination, started.elapsed());
+        }
+    }
+}
+
+impl Gates {
+    pub(super) fn new(limits: DestinationLimits, timeout: Duration) -> Gates {
+        let rates = vec![Schedule::default(); limits.rate_limits.0.len()];
+        Gates {
+            limits,
+            timeout,
+            hosts: Mutex::new(HashMap::new()),
+            rates: Mutex::new(rates),
+        }
+    }
+
+    /// May a message to `destination` go now? `None` (e-mail, or a URL without a name) and
+    /// a worker without limits always may.
+    pub(super) fn admit(&self, destination: Option<&str>) -> Admission<'_> {
+        let none = Admission::Go(Permit { held: None });
+        let Some(destination) = destination else {
+            return none;
+        };
+        if self.limits.is_off() {
+            return none;
+        }
+        self.admit_at(destination, Instant::now())
+    }
+
+    fn admit_at(&self, destination: &str, now: Instant) -> Admission<'_> {
+        let cap = self.limits.host_concurrency;
+        let mut hosts = lock(&self.hosts);
+        if cap > 0 {
+            let host = host_mut(&mut hosts, destination);
+            if host.inflight >= cap {
+                let mean = host.mean.unwrap_or(self.timeout / 4);
+                let step = (mean / cap as u32).clamp(MIN_DEFER, self.timeout);
+                let delay = next_slot(&mut host.next, now, step, self.timeout);
+                return Admission::Defer(DeferReason::HostBusy, delay);
+            }
+        }
+        if let Some((index, rate)) = self.limits.rate_limits.for_destination(destination) {
+            let mut rates = lock(&self.rates);
+            let s = &mut rates[index];
+            let interval = rate.interval();
+            match s.tat {
+                Some(tat) if tat > now => {
+                    // Not yet: come back at the next free slot, at or after `tat`.
+                    let wait = tat - now;
+                    let step = interval.max(MIN_DEFER);
+                    let slot = match s.next {
+                        Some(n) if n > tat => n,
+                        _ => tat,
+                    };
+                    s.next = Some(slot + step);
+                    return Admission::Defer(
+                        DeferReason::RateLimit,
+                        (slot - now).max(wait).max(MIN_DEFER),
+                    );
+                }
+                Some(tat) if now.saturating_duration_since(tat) < interval => {
+                    s.tat = Some(tat + interval);
+                }
+                _ => s.tat = Some(now + interval),
+            }
+        }
+        if cap == 0 {
+            return Admission::Go(Permit { held: None });
+        }
+        host_mut(&mut hosts, destination).inflight += 1;
+        Admission::Go(Permit {
+            held: Some((self, destination.to_owned(), now)),
+        })
+    }
+
+    /// A request to `destination` ended after `took`.
+    fn finished(&self, destination: &str, took: Duration) {
+        let mut hosts = lock(&self.hosts);
+        let Some(host) = hosts.get_mut(destination) else {
+            return;
+        };
+        host.inflight = host.inflight.saturating_sub(1);
+        host.mean = Some(match host.mean {
+            Some(m) => m.mul_f64(0.8) + took.mul_f64(0.2),
+            None => took,
+        });
+        // A destination with nothing in flight and no deferral outstanding is forgotten,
+        // so the map holds only the destinations being sent to.
+        if host.inflight == 0 && host.next.is_none_or(|n| n <= Instant::now()) {
+            hosts.remove(destination);
+        }
+    }
+}
+
+/// The entry of `destination`, made on first use.
+fn host_mut<'m>(hosts: &'m mut HashMap<String, Host>, destination: &str) -> &'m mut Host {
+    hosts.entry(destination.to_owned()).or_default()
+}
+
+/// The next free slot of a schedule, `step` apart, but never more than `horizon` ahead:
+/// beyond that, a slot in the last half of the horizon, spread by chance.
+fn next_slot(
+    next: &mut Option<Instant>,
+    now: Instant,
+    step: Duration,
+    horizon: Duration,
+) -> Duration {
+    let slot = match *next {
+        Some(n) if n > now => n,
+        _ => now + step,
+    };
+    let delay = slot - now;
+    if delay <= horizon {
+        *next = Some(slot + step);
+        return delay.max(MIN_DEFER);
+    }
+    horizon
+        .mul_f64(0.5 + 0.5 * rand::random::<f64>())
+        .max(MIN_DEFER)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::config::limits::RateLimits;
+
+    fn gates(cap: usize, rates: &str) -> Gates {
+        Gates::new(
+            DestinationLimits {
+                host_concurrency: cap,
+                rate_limits: RateLimits::parse(rates).unwrap(),
+            },
+            Duration::from_secs(10),
+        )
+    }
+
+    fn defer(a: Admission<'_>) -> Option<(DeferReason, Duration)> {
+        match a {
+            Admission::Go(_) => None,
+            Admission::Defer(r, d) => Some((r, d)),
+        }
+    }
+
+    #[test]
+    fn host_concurrency_caps_requests_in_flight_per_destination() {
+        let g = gates(2, "");
+        let t = Instant::now();
+        let a = g.admit_at("a.example", t);
+        let b = g.admit_at("a.example", t);
+        assert!(matches!(a, Admission::Go(_)) && matches!(b, Admission::Go(_)));
+        // A third to the same destination waits; another destination does not.
+        let (reason, first) = defer(g.admit_at("a.example", t)).unwrap();
+        assert_eq!(reason, DeferReason::HostBusy);
+        assert!(matches!(g.admit_at("b.example", t), Admission::Go(_)));
+        // Later ones come back one step after another, never past the timeout.
+        let (_, second) = defer(g.admit_at("a.example", t)).unwrap();
+        assert!(second > first, "{first:?} then {second:?}");
+        for _ in 0..10_000 {
+            let (_, d) = defer(g.admit_at("a.example", t)).unwrap();
+            assert!(d <= Duration::from_secs(10), "{d:?}");
+        }
+        drop(a);
+        assert!(matches!(g.admit_at("a.example", t), Admission::Go(_)));
+    }
+
+    #[test]
+    fn a_rate_limit_spaces_requests_and_defers_the_rest_to_their_turn() {
+        let g = gates(0, "h.example=5/s");
+        let t0 = Instant::now();
+        assert!(matches!(g.admit_at("h.example", t0), Admission::Go(_)));
+        // Forty more at once: each deferred to its own turn, 200 ms apart.
+        let delays: Vec<Duration> = (0..40)
+            .map(|_| defer(g.admit_at("h.example", t0)).unwrap().1)
+            .collect();
+        assert_eq!(delays[0], Duration::from_millis(200));
+        assert_eq!(delays[1], Duration::from_millis(400));
+        assert_eq!(delays[39], Duration::from_millis(8000));
+        // Coming back on time (a little late), each goes; never two in one interval.
+        let mut sent = 1;
+        let mut at = t0;
+        for i in 1..=15u32 {
+            at = t0 + Duration::from_millis(200) * i + Duration::from_millis(15);
+            if matches!(g.admit_at("h.example", at), Admission::Go(_)) {
+                sent += 1;
+            }
+            assert!(
+                defer(g.admit_at("h.example", at)).is_some(),
+                "a second in one interval"
+            );
+        }
+        assert_eq!(sent, 16, "one per interval over 3 s, with no drift");
+        // Another port of the same host shares the entry.
+        assert!(defer(g.admit_at("h.example:8443", at)).is_some());
+        // A destination without an entry is not limited.
+        assert!(matches!(g.admit_at("other.example", at), Admission::Go(_)));
+    }
+
+    #[test]
+    fn no_limits_cost_nothing_and_e_mail_is_never_limited() {
+        let g = gates(0, "");
+        for _ in 0..1000 {
+            assert!(matches!(g.admit(Some("a.example")), Admission::Go(_)));
+        }
+        assert!(lock(&g.hosts).is_empty());
+        let g = gates(1, "a.example=1/m");
+        let _held = g.admit(Some("a.example"));
+        assert!(matches!(g.admit(None), Admission::Go(_)));
+    }
+}
