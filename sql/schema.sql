@@ -169,20 +169,47 @@ $$;
 --
 
 CREATE FUNCTION outbox.destination_of(channel text, payload jsonb) RETURNS text
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
-    SELECT CASE
-        WHEN p[2] IS NULL OR p[2] = '' THEN NULL
-        WHEN p[3] IS NULL
-          OR (lower(p[1]) = 'http' AND p[3]::int = 80)
-          OR (lower(p[1]) = 'https' AND p[3]::int = 443) THEN rtrim(lower(p[2]), '.')
-        ELSE rtrim(lower(p[2]), '.') || ':' || p[3]::int::text
-    END
-    FROM (SELECT CASE WHEN channel = 'webhook' AND jsonb_typeof(payload -> 'url') = 'string'
-                      THEN regexp_match(payload ->> 'url',
-                          '^([A-Za-z][A-Za-z0-9+.-]*)://(?:[^/?#]*@)?(\[[0-9A-Fa-f:.]+\]|[^][/?#:@\s[:cntrl:]]+)(?::([0-9]{1,5}))?(?:[/?#]|$)')
-                 END AS p) m
+DECLARE
+    url text;
+    scheme text;
+    auth text;
+    host text;
+    port text;
+BEGIN
+    IF channel <> 'webhook' OR jsonb_typeof(payload -> 'url') IS DISTINCT FROM 'string' THEN
+        RETURN NULL;
+    END IF;
+    url := payload ->> 'url';
+    IF url !~ '^[A-Za-z][A-Za-z0-9+.-]*://' THEN
+        RETURN NULL;
+    END IF;
+    scheme := lower(split_part(url, '://', 1));
+    -- The authority: up to the first '/', '?' or '#', after the last '@'.
+    auth := substr(url, length(scheme) + 4);
+    auth := split_part(split_part(split_part(split_part(auth, '/', 1), '?', 1), '#', 1), '@', -1);
+    -- Checked before lower-casing: lower() maps some non-ASCII letters to ASCII ones (the
+    -- Kelvin sign to `k`), which would give a name the worker does not.
+    IF auth !~ '^(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$' THEN
+        RETURN NULL;
+    END IF;
+    auth := lower(auth);
+    IF left(auth, 1) = '[' THEN
+        host := split_part(auth, ']', 1) || ']';
+        port := ltrim(split_part(auth, ']', 2), ':');
+    ELSE
+        host := rtrim(split_part(auth, ':', 1), '.');
+        port := split_part(auth, ':', 2);
+    END IF;
+    IF host = '' THEN
+        RETURN NULL;
+    ELSIF port = '' OR (scheme = 'http' AND port::int = 80) OR (scheme = 'https' AND port::int = 443) THEN
+        RETURN host;
+    END IF;
+    RETURN host || ':' || port::int::text;
+END
 $_$;
 
 

@@ -58,6 +58,60 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
     for (url, want) in cases {
         let got = destination(&db, &serde_json::json!(url)).await;
         assert_eq!(got.as_deref(), *want, "destination of {url:?}");
+        // The worker reads the name itself, by the same rules.
+        let payload = serde_json::json!({"url": url, "body": {}}).to_string();
+        assert_eq!(
+            outboxd::claim::destination_of(&payload).as_deref(),
+            *want,
+            "the worker's destination of {url:?}"
+        );
+    }
+    // More shapes, where only agreement matters: every one named alike by both.
+    let mut more: Vec<String> = Vec::new();
+    for scheme in ["http", "https", "HTTP", "ftp", "1http", "ht tp", ""] {
+        for auth in [
+            "a.example",
+            "A.EXAMPLE",
+            "\u{212a}.example",
+            "é.example",
+            "xn--e-9ja.example",
+            "a.example.",
+            "a..",
+            ".",
+            "a_b-c.example",
+            "u@a.example",
+            "u:p@a.example:1",
+            "@a.example",
+            "a.example@",
+            "[::1]",
+            "[::ffff:127.0.0.1]:443",
+            "[]",
+            "[::1",
+            "::1]",
+            "a.example:",
+            "a.example:0",
+            "a.example:65535",
+            "a.example:123456",
+            "a:b:c",
+            "a%2eexample",
+            "a example",
+            "a\texample",
+            "a\u{1}example",
+            "\u{200b}a.example",
+        ] {
+            for tail in ["", "/", "/p?q#f", "?q", "#f", ":80/"] {
+                more.push(format!("{scheme}://{auth}{tail}"));
+            }
+        }
+    }
+    for url in &more {
+        let sql = destination(&db, &serde_json::json!(url)).await;
+        let payload = serde_json::json!({"url": url}).to_string();
+        assert_eq!(
+            outboxd::claim::destination_of(&payload),
+            sql,
+            "the worker and outbox.destination_of disagree on {url:?}"
+        );
     }
     // Not a string, and not a webhook: no name.
     assert_eq!(destination(&db, &serde_json::json!(5)).await, None);

@@ -63,7 +63,7 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
     ),
     (
         "0013_destinations.sql",
-        "1aeb0eb7267916790d9c5f65f158ce0fb46940c0c9217a199b45f397bfe1936c",
+        "8a8d4e5b95b2b3b9f67bebadbe9bcf9faf0990c68e14e5bbbcdd0486d9ab5fe6",
     ),
 ];
 
