@@ -32,5 +32,6 @@ mod signing_keys;
 mod smoke;
 mod ssrf;
 mod tidy;
+mod traces;
 mod wakeups;
 mod webhook;
