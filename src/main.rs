@@ -99,7 +99,7 @@ fn usage_line(e: &clap::Error) -> String {
 /// endpoint in the environment, the attempt spans are exported too ([`outboxd::telemetry`]);
 /// the logs never show those spans, so a log line reads the same with traces on or off.
 fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
-    use tracing_subscriber::filter::{FilterExt as _, filter_fn};
+    use tracing_subscriber::filter::FilterExt as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::{EnvFilter, Layer as _};
@@ -120,7 +120,7 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
         Ok(other) => anyhow::bail!("OUTBOXD_LOG_FORMAT must be text or json (got {other:?})"),
     };
     let traces = if traced { Traces::from_env()? } else { None };
-    let logs = logs.with_filter(filter.and(filter_fn(|m| !telemetry::is_trace_span(m))));
+    let logs = logs.with_filter(filter.and(telemetry::without_trace_spans()));
     let exported = traces.as_ref().map(|t| t.layer());
     tracing_subscriber::registry()
         .with(logs)

@@ -27,6 +27,7 @@ use std::time::Duration;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{FilterFn, LevelFilter, filter_fn};
 use tracing_subscriber::registry::LookupSpan;
 
 /// The `tracing` target of the spans that are exported (and of nothing else).
@@ -62,6 +63,14 @@ pub struct TelemetryError(String);
 /// Is `meta` one of the exported spans? The log layers filter these out.
 pub fn is_trace_span(meta: &tracing::Metadata<'_>) -> bool {
     meta.target() == SPAN_TARGET
+}
+
+/// The log layers' half of the rule: everything but the exported spans. Its level hint is
+/// the most verbose, so that combined (`and`) with `RUST_LOG`'s filter the logs' maximum level
+/// stays `RUST_LOG`'s (a filter without a hint would lift it to `trace` for every call site).
+pub fn without_trace_spans() -> FilterFn<fn(&tracing::Metadata<'_>) -> bool> {
+    let keep: fn(&tracing::Metadata<'_>) -> bool = |m| !is_trace_span(m);
+    filter_fn(keep).with_max_level_hint(LevelFilter::TRACE)
 }
 
 /// The traces pipeline: the SDK's tracer provider with a batch processor and the OTLP/HTTP
@@ -125,9 +134,12 @@ impl Traces {
             .with_target(false)
             .with_tracked_inactivity(false)
             .with_error_fields_to_exceptions(false)
-            .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
-                meta.is_span() && is_trace_span(meta)
-            }))
+            .with_filter(
+                filter_fn(|meta| meta.is_span() && is_trace_span(meta))
+                    // The attempt span's level: with `RUST_LOG=warn` events below it are
+                    // still refused at the first, cheapest check.
+                    .with_max_level_hint(LevelFilter::INFO),
+            )
     }
 
     /// A pipeline that exports nowhere, for the unit tests of the spans.
@@ -487,5 +499,18 @@ mod tests {
         ] {
             assert!(remote_parent(&tp(zero)).is_none(), "{zero}");
         }
+    }
+
+    /// The logs keep `RUST_LOG`'s maximum level: a hint lost in the combination would make
+    /// every disabled `debug!` and `trace!` call site in the process pay a check.
+    #[test]
+    fn the_logs_keep_their_level_hint() {
+        use tracing_subscriber::filter::FilterExt as _;
+        use tracing_subscriber::layer::Filter;
+        let logs = tracing_subscriber::EnvFilter::new("info").and(without_trace_spans());
+        assert_eq!(
+            Filter::<tracing_subscriber::Registry>::max_level_hint(&logs),
+            Some(LevelFilter::INFO)
+        );
     }
 }
