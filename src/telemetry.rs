@@ -114,7 +114,7 @@ impl Traces {
         };
         let provider = SdkTracerProvider::builder()
             .with_resource(resource)
-            .with_batch_exporter(exporter)
+            .with_batch_exporter(Warned::new(exporter))
             .build();
         Ok(Traces { provider })
     }
@@ -194,6 +194,96 @@ impl opentelemetry::propagation::Extractor for Carrier<'_> {
             keys.push("tracestate");
         }
         keys
+    }
+}
+
+/// The exporter, saying when an export fails: the SDK's own reports are internal logs,
+/// which are not built (their messages quote the endpoint, and a transport error's text
+/// quotes the URL). One `WARN` line at most per [`WARN_EVERY`], with the failures counted
+/// since the last one, and only a status or the word `timeout`, never the SDK's text.
+#[derive(Debug)]
+struct Warned<E> {
+    inner: E,
+    /// When the last warning was written, and the failures not reported since.
+    last: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+/// The least time between two warnings of failed exports: a collector that is down would
+/// otherwise write one per batch.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
+impl<E> Warned<E> {
+    fn new(inner: E) -> Self {
+        Warned {
+            inner,
+            last: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    fn failed(&self, e: &opentelemetry_sdk::error::OTelSdkError) {
+        let missed = {
+            let mut last = crate::support::lock(&self.last);
+            let now = std::time::Instant::now();
+            last.1 += 1;
+            if last.0.is_some_and(|t| now.duration_since(t) < WARN_EVERY) {
+                return;
+            }
+            let missed = std::mem::take(&mut last.1);
+            last.0 = Some(now);
+            missed
+        };
+        tracing::warn!(
+            failed_exports = missed,
+            cause = export_failure(e),
+            "traces: spans could not be exported to the OTLP endpoint (dropped)"
+        );
+    }
+}
+
+/// What a failed export says without the SDK's text: the collector's status, or why none.
+fn export_failure(e: &opentelemetry_sdk::error::OTelSdkError) -> String {
+    use opentelemetry_sdk::error::OTelSdkError as E;
+    match e {
+        E::Timeout(_) => "timeout".to_owned(),
+        E::AlreadyShutdown => "already shut down".to_owned(),
+        E::InternalFailure(msg) => msg
+            .split("status code: ")
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .filter(|code| code.len() == 3)
+            .map(|code| format!("HTTP {code}"))
+            .unwrap_or_else(|| "no answer from the endpoint".to_owned()),
+    }
+}
+
+impl<E: opentelemetry_sdk::trace::SpanExporter> opentelemetry_sdk::trace::SpanExporter
+    for Warned<E>
+{
+    async fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        let result = self.inner.export(batch).await;
+        if let Err(e) = &result {
+            self.failed(e);
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn shutdown(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown()
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
     }
 }
 
@@ -512,5 +602,25 @@ mod tests {
             Filter::<tracing_subscriber::Registry>::max_level_hint(&logs),
             Some(LevelFilter::INFO)
         );
+    }
+
+    #[test]
+    fn export_failures_show_a_status_at_most() {
+        use opentelemetry_sdk::error::OTelSdkError as E;
+        for (e, shown) in [
+            (
+                E::InternalFailure("HTTP export failed with status code: 503".into()),
+                "HTTP 503",
+            ),
+            (
+                E::InternalFailure(
+                    "error sending request for url (http://u:s3cr3t@x/v1/traces?k=s3cr3t)".into(),
+                ),
+                "no answer from the endpoint",
+            ),
+            (E::Timeout(Duration::from_secs(10)), "timeout"),
+        ] {
+            assert_eq!(export_failure(&e), shown);
+        }
     }
 }

@@ -43,6 +43,11 @@ struct Collector {
 
 impl Collector {
     async fn start() -> Collector {
+        Collector::answering(Some(200)).await
+    }
+
+    /// A collector that answers `status`, or never (`None`: it reads the request and stalls).
+    async fn answering(status: Option<u16>) -> Collector {
         let got: Arc<Mutex<Vec<(HeaderMap, Bytes)>>> = Arc::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -54,7 +59,11 @@ impl Collector {
                     let store = store.clone();
                     async move {
                         store.lock().unwrap().push((headers, body));
+                        let Some(status) = status else {
+                            return std::future::pending().await;
+                        };
                         (
+                            axum::http::StatusCode::from_u16(status).unwrap(),
                             [("content-type", "application/x-protobuf")],
                             Vec::<u8>::new(),
                         )
@@ -444,4 +453,51 @@ async fn no_endpoint_no_export_and_bad_settings_stop_the_start() {
         assert!(!out.stderr.contains(OTLP_SECRET), "{name}: {}", out.stderr);
     }
     assert!(collector.requests().is_empty());
+}
+
+/// A collector that refuses the spans, or never answers: the daemon says so in one safe
+/// warning (a status at most, never the endpoint's URL), delivers all the same, and its
+/// `--drain` still ends soon after the work is done (the flush at shutdown is bounded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_collector_costs_a_warning_not_the_delivery() {
+    for status in [Some(500), None] {
+        let collector = Collector::answering(status).await;
+        let db = TestDb::new().await;
+        let ok = Receiver::start().await;
+        let client = db.client().await;
+        let msg = NewMessage::webhook("trace:warned", json!({"url": ok.url("/h")}));
+        outboxd::enqueue(&client, &msg).await.unwrap();
+        let started = Instant::now();
+        let out = drain(
+            Some(db.url()),
+            vec![
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    format!("{}/v1/traces?key={OTLP_SECRET}", collector.endpoint()),
+                ),
+                ("OTEL_BSP_SCHEDULE_DELAY", "50".to_owned()),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "1000".to_owned()),
+            ],
+        )
+        .await;
+        let took = started.elapsed();
+        assert_eq!(out.code, Some(0), "{status:?}: {}", out.stderr);
+        assert_eq!(ok.requests_for("trace:warned").len(), 1);
+        assert!(!collector.requests().is_empty(), "{status:?}: never tried");
+        assert!(
+            took < Duration::from_secs(15),
+            "{status:?}: drain took {took:?}"
+        );
+        let warnings: Vec<&str> = out
+            .stderr
+            .lines()
+            .filter(|l| l.contains("spans could not be exported"))
+            .collect();
+        assert!(!warnings.is_empty(), "{status:?}: {}", out.stderr);
+        if status.is_some() {
+            assert!(warnings[0].contains("HTTP 500"), "{warnings:?}");
+        }
+        assert!(!out.stderr.contains(OTLP_SECRET), "{}", out.stderr);
+        assert!(!out.stderr.contains("v1/traces"), "{}", out.stderr);
+    }
 }
