@@ -155,9 +155,9 @@ impl Traces {
     /// costs a warning, not the exit code.
     pub fn shutdown(self) {
         if let Err(e) = self.provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT) {
-            eprintln!(
-                "warning: traces: the last spans may not have been exported ({})",
-                crate::deliver::one_line(&e.to_string())
+            tracing::warn!(
+                cause = export_failure(&e),
+                "traces: the last spans may not have been exported"
             );
         }
     }
