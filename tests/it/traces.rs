@@ -506,3 +506,45 @@ async fn a_failing_collector_costs_a_warning_not_the_delivery() {
         assert!(!out.stderr.contains("v1/traces"), "{}", out.stderr);
     }
 }
+
+/// An e-mail attempt's span carries the SMTP reply code as `outbox.status` (not as an HTTP
+/// status), and neither the recipients nor the content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_email_attempts_span_has_the_smtp_code() {
+    use crate::common::smtp::{FakeSmtp, Plan, reply};
+    let db = TestDb::new().await;
+    let collector = Collector::start().await;
+    let fake = FakeSmtp::start().await;
+    fake.plan([Plan::at_end_of_data(reply("550 5.7.1 Content rejected"))]);
+    let client = db.client().await;
+    let msg = NewMessage::email(
+        "trace:mail",
+        json!({"from": "shop@shop.example", "to": ["someone@example.com"],
+               "subject": BODY_SECRET, "text": BODY_SECRET}),
+    );
+    outboxd::enqueue(&client, &msg).await.unwrap();
+    let out = drain(
+        Some(db.url()),
+        vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50".to_owned()),
+            ("OUTBOXD_SMTP_URL", fake.url()),
+        ],
+    )
+    .await;
+    assert_eq!(out.code, Some(0), "stderr: {}", out.stderr);
+    let spans = collector.wait_for_spans(1, Duration::from_secs(10)).await;
+    assert_eq!(spans.len(), 1, "{spans:#?}");
+    let a = attrs(&spans[0].1);
+    assert_eq!(a["outbox.channel"], "email");
+    assert_eq!(a["outbox.outcome"], "dead");
+    assert_eq!(a["outbox.error_class"], "permanent");
+    assert_eq!(a["outbox.status"], "550");
+    assert!(!a.contains_key("http.response.status_code"), "{a:?}");
+    for (_, body) in collector.requests() {
+        let text = String::from_utf8_lossy(&body);
+        for needle in [BODY_SECRET, "someone@example.com"] {
+            assert!(!text.contains(needle), "{needle} in an exported span");
+        }
+    }
+}
