@@ -9,13 +9,16 @@
 //! the variable and never its value: the endpoint may carry credentials and the headers hold
 //! API keys.
 //!
-//! The spans are `tracing` spans of the target [`SPAN_TARGET`] (made in `worker::attempt`), turned
-//! into OpenTelemetry spans by the `tracing-opentelemetry` layer that [`Traces::layer`]
-//! returns. That layer sees nothing else (no log event becomes a span event, so no field of
+//! The spans are `tracing` spans of the target [`SPAN_TARGET`] (made in `worker::attempt`),
+//! turned into OpenTelemetry spans by the `tracing-opentelemetry` layer that
+//! [`Traces::layer`] returns. That layer sees nothing else (no log event becomes a span event, so no field of
 //! a log line reaches the exporter), and the log layers see none of these spans
 //! ([`is_trace_span`]), so the text and JSON logs are the same with traces on or off. With
 //! traces off no layer is interested in the target, `tracing` caches that per call site, and
-//! an attempt costs one relaxed load for its span.
+//! an attempt costs one relaxed load for its span. A failed export drops its batch and is
+//! one `WARN` line a minute at most, saying only the collector's status or that it did not
+//! answer (the SDK's internal logs, which would say more, quote the endpoint, and are not
+//! built).
 //!
 //! **Invariant:** a span holds what the attempt's log line holds (the message id, the key
 //! through [`crate::text::escape`], the channel, the attempt number, the outcome, the class,
