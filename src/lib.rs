@@ -44,6 +44,7 @@
 //!   included.
 //! * [`support`]: one copy of each small shared helper (mutex lock, host name, error causes).
 //! * [`db`]: connections and the pool.
+//! * [`telemetry`]: traces, a span per attempt over OTLP/HTTP, off unless an endpoint is set.
 //! * [`text`]: stored text made safe to print (control characters as visible escapes).
 
 #[doc(hidden)]
@@ -74,6 +75,7 @@ pub mod state;
 pub mod status;
 #[doc(hidden)]
 pub mod support;
+pub mod telemetry;
 #[doc(hidden)]
 pub mod text;
 pub mod worker;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use clap::error::ErrorKind;
 use outboxd::cli::{Cli, Command, Env};
+use outboxd::telemetry::{self, Traces};
 
 /// mimalloc instead of the system allocator: the delivery path allocates per message (the
 /// HTTP client's request and response, the payload, the log event), and glibc's malloc and
@@ -42,10 +43,15 @@ fn main() -> ExitCode {
         }
     };
     let daemon = matches!(cli.command, Command::Run(_) | Command::Console(_));
-    if let Err(e) = init_logging(daemon) {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
+    // Only the worker makes spans: other commands never start an exporter.
+    let traced = matches!(cli.command, Command::Run(_));
+    let traces = match init_logging(daemon, traced) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -56,7 +62,13 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(outboxd::cli::dispatch(cli, Env::from_process())) {
+    let result = runtime.block_on(outboxd::cli::dispatch(cli, Env::from_process()));
+    // After a graceful stop or a drain (and after a failure): the last spans are exported
+    // before the process exits. Outside the runtime: the exporter's client is blocking.
+    if let Some(traces) = traces {
+        traces.shutdown();
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", outboxd::deliver::one_line(&format!("{e:#}")));
@@ -83,9 +95,14 @@ fn usage_line(e: &clap::Error) -> String {
 }
 
 /// Logs to stderr: text by default, JSON with `OUTBOXD_LOG_FORMAT=json`; `RUST_LOG` filters
-/// (default `info` for the daemon, `warn` for one-shot commands).
-fn init_logging(daemon: bool) -> anyhow::Result<()> {
-    use tracing_subscriber::EnvFilter;
+/// (default `info` for the daemon, `warn` for one-shot commands). With `traced`, and an OTLP
+/// endpoint in the environment, the attempt spans are exported too ([`outboxd::telemetry`]);
+/// the logs never show those spans, so a log line reads the same with traces on or off.
+fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
+    use tracing_subscriber::filter::FilterExt as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::{EnvFilter, Layer as _};
     let default = if daemon { "info" } else { "warn" };
     let filter = match std::env::var("RUST_LOG") {
         Ok(v) if !v.is_empty() => EnvFilter::try_new(&v)
@@ -93,17 +110,23 @@ fn init_logging(daemon: bool) -> anyhow::Result<()> {
         _ => EnvFilter::new(default),
     };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logs = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    match std::env::var("OUTBOXD_LOG_FORMAT").as_deref() {
+    let logs = match std::env::var("OUTBOXD_LOG_FORMAT").as_deref() {
         // JSON escapes control characters itself.
-        Ok("json") => builder.json().init(),
-        Ok("text") | Err(_) | Ok("") => builder.fmt_fields(EscapedFields).init(),
+        Ok("json") => logs.json().boxed(),
+        Ok("text") | Err(_) | Ok("") => logs.fmt_fields(EscapedFields).boxed(),
         Ok(other) => anyhow::bail!("OUTBOXD_LOG_FORMAT must be text or json (got {other:?})"),
-    }
-    Ok(())
+    };
+    let traces = if traced { Traces::from_env()? } else { None };
+    let logs = logs.with_filter(filter.and(telemetry::without_trace_spans()));
+    let exported = traces.as_ref().map(|t| t.layer());
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(exported)
+        .try_init()?;
+    Ok(traces)
 }
 
 /// The text log's fields, as tracing-subscriber's default writes them (`message` bare, then

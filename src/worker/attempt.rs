@@ -8,6 +8,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use uuid::Uuid;
 
 use super::Shared;
@@ -129,6 +131,7 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
     if shared.stopping.is_cancelled() {
         return Done::Released(msg.id, msg.lease_token);
     }
+    let span = attempt_span(&msg);
     let started_at = SystemTime::now();
     let t0 = Instant::now();
     let attempted = ready
@@ -137,6 +140,7 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
             payload: &msg.payload,
             previous: msg.previous_class,
         })
+        .instrument(span.clone())
         .await;
     let duration = t0.elapsed();
     if let Some(lookup) = &attempted.lookup {
@@ -202,6 +206,8 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
             }
         }
     };
+    record_end(&span, msg.channel, &completion);
+    drop(span);
     let log = AttemptLog {
         key: msg.key,
         channel: msg.channel,
@@ -209,6 +215,63 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
         duration,
     };
     Done::Completed(completion, log)
+}
+
+/// The attempt's trace span ([`crate::telemetry`]): the message, its key escaped as the logs
+/// have it, the channel and the attempt's number of the budget; the end's fields are
+/// declared empty, as `tracing` wants every field named at creation, and [`record_end`]
+/// fills them. Disabled, and then free, unless a layer exports traces. A webhook whose
+/// payload carries a well-formed `traceparent` is a child of that remote span; reading it
+/// parses the payload a second time, which is why only an enabled span asks.
+fn attempt_span(msg: &Claimed) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: crate::telemetry::SPAN_TARGET,
+        "outboxd.attempt",
+        otel.kind = "client",
+        outbox.message_id = msg.id,
+        outbox.message_key = %crate::text::Escaped(&msg.key),
+        outbox.channel = msg.channel.as_str(),
+        outbox.attempt = msg.attempt,
+        outbox.max_attempts = msg.max_attempts,
+        outbox.outcome = tracing::field::Empty,
+        outbox.error_class = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        outbox.status = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+    );
+    if !span.is_disabled() && msg.channel == Channel::Webhook {
+        let parent = crate::deliver::webhook::payload::trace_headers(&msg.payload)
+            .and_then(|h| crate::telemetry::remote_parent(&h));
+        if let Some(cx) = parent {
+            // Only fails for a span already started or not exported: neither is the case
+            // here, and a root span would do then.
+            let _ = span.set_parent(cx);
+        }
+    }
+    span
+}
+
+/// The attempt's end on its span: the outcome and class as the history names them, the
+/// provider's status (HTTP, or the SMTP reply code as `outbox.status`), and on failure the
+/// error status with the attempt's one safe line ([`crate::deliver::DeliveryError`]'s
+/// message: no URL path or query, header or payload).
+fn record_end(span: &tracing::Span, channel: Channel, completion: &Completion) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record("outbox.outcome", completion.transition.outcome().as_str());
+    if let Some(class) = completion.transition.error_class() {
+        span.record("outbox.error_class", class.as_str());
+    }
+    if let Some(status) = completion.status {
+        match channel {
+            Channel::Webhook => span.record("http.response.status_code", i64::from(status)),
+            Channel::Email => span.record("outbox.status", i64::from(status)),
+        };
+    }
+    if let Some(error) = &completion.error {
+        span.record("otel.status_description", error.as_str());
+    }
 }
 
 /// The reconciliation lookup, logged as a step of its own before the attempt's event: the
@@ -226,4 +289,81 @@ fn log_lookup(msg: &Claimed, lookup: &Lookup) {
         duration_ms = lookup.duration.as_millis() as u64,
         "reconciliation lookup"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    fn claimed(payload: &str) -> Claimed {
+        Claimed {
+            id: 7,
+            key: "order:1\n".into(),
+            channel: Channel::Webhook,
+            payload: payload.into(),
+            attempt: 1,
+            max_attempts: 3,
+            retry_ambiguous: false,
+            lease_token: Uuid::nil(),
+            previous_class: None,
+            reconcile: false,
+        }
+    }
+
+    /// The log layer as src/main.rs filters it, at its most verbose.
+    fn logs<S>() -> impl tracing_subscriber::Layer<S>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        use tracing_subscriber::filter::FilterExt as _;
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::sink)
+            .with_filter(tracing_subscriber::EnvFilter::new("trace").and(
+                tracing_subscriber::filter::filter_fn(|m| !crate::telemetry::is_trace_span(m)),
+            ))
+    }
+
+    /// With traces off the attempt's span is disabled, even under `RUST_LOG=trace`: no
+    /// layer wants its target, so it costs a cached check per attempt (issue 17 counts CPU
+    /// per delivery) and the payload is not read for a `traceparent`. With the exporting
+    /// layer it is enabled, and a payload's `traceparent` becomes its parent.
+    #[test]
+    fn the_span_is_free_unless_traces_are_on() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let msg = claimed(&format!(
+            r#"{{"url": "https://x.example", "headers": {{"traceparent": "{tp}"}}}}"#
+        ));
+        let off = tracing_subscriber::registry().with(logs());
+        tracing::subscriber::with_default(off, || {
+            assert!(attempt_span(&msg).is_disabled());
+        });
+        let traces = crate::telemetry::Traces::without_exporter();
+        let on = tracing_subscriber::registry()
+            .with(logs())
+            .with(traces.layer());
+        tracing::subscriber::with_default(on, || {
+            use opentelemetry::trace::TraceContextExt as _;
+            let span = attempt_span(&msg);
+            assert!(!span.is_disabled());
+            let cx = span.context();
+            let otel = cx.span();
+            let sc = otel.span_context();
+            assert_eq!(sc.trace_id().to_string(), &tp[3..35]);
+            assert_ne!(
+                sc.span_id().to_string(),
+                &tp[36..52],
+                "a child, not the parent"
+            );
+            // No traceparent, or a malformed one: a root of its own trace.
+            let bad =
+                claimed(r#"{"url": "https://x.example", "headers": {"traceparent": "00-x"}}"#);
+            let root = attempt_span(&bad);
+            assert_ne!(
+                root.context().span().span_context().trace_id().to_string(),
+                &tp[3..35]
+            );
+        });
+    }
 }

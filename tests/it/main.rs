@@ -33,5 +33,6 @@ mod signing_keys;
 mod smoke;
 mod ssrf;
 mod tidy;
+mod traces;
 mod wakeups;
 mod webhook;

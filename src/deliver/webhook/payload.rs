@@ -182,6 +182,96 @@ pub fn parse_payload(payload: &str) -> Result<Request, DeliveryError> {
     })
 }
 
+/// The W3C trace context an application put in a payload's `headers`: `traceparent` and,
+/// if given, `tracestate`, for the attempt's span to join the application's trace. The
+/// request forwards both as given, like any other header; this is only the worker's reading
+/// of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceHeaders {
+    /// A well-formed `traceparent` (W3C Trace Context: `vv-<32 hex>-<16 hex>-ff`, lower-case,
+    /// version not `ff`).
+    pub traceparent: String,
+    /// `tracestate`, when given once and at most [`MAX_TRACESTATE`] bytes long.
+    pub tracestate: Option<String>,
+}
+
+/// The longest `tracestate` read (W3C Trace Context: 512 characters is what a platform must
+/// propagate; anything longer is dropped here, and still forwarded as given).
+pub const MAX_TRACESTATE: usize = 512;
+
+/// The longest `traceparent` read (version 00 is 55 bytes; a later version may add fields).
+const MAX_TRACEPARENT: usize = 256;
+
+/// The payload's trace context, if its `headers` hold exactly one well-formed `traceparent`
+/// (names compared without regard to case, as HTTP does). Anything else (no `traceparent`, two
+/// of them, a value too long, with control characters or of another shape) gives `None`: the
+/// attempt's span is then a root. This parses the payload a second time, so the worker asks
+/// only when traces are on.
+pub fn trace_headers(payload: &str) -> Option<TraceHeaders> {
+    #[derive(Deserialize)]
+    struct Headers {
+        headers: Option<serde_json::Value>,
+    }
+    let Headers {
+        headers: Some(serde_json::Value::Object(map)),
+    } = serde_json::from_str(payload).ok()?
+    else {
+        return None;
+    };
+    // The only value under `name`, when there is exactly one.
+    let only = |name: &str| -> Result<Option<&str>, ()> {
+        let mut found = map
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str().ok_or(()));
+        match (found.next(), found.next()) {
+            (None, _) => Ok(None),
+            (Some(v), None) => v.map(Some),
+            (Some(_), Some(_)) => Err(()),
+        }
+    };
+    let traceparent = only("traceparent").ok()??;
+    if !well_formed_traceparent(traceparent) {
+        return None;
+    }
+    let tracestate = only("tracestate")
+        .ok()
+        .flatten()
+        .filter(|v| v.len() <= MAX_TRACESTATE && HeaderValue::from_str(v).is_ok())
+        .map(str::to_owned);
+    Some(TraceHeaders {
+        traceparent: traceparent.to_owned(),
+        tracestate,
+    })
+}
+
+/// W3C Trace Context's `traceparent`: `version-traceid-parentid-flags`, lower-case hex of 2,
+/// 32, 16 and 2 digits; version `ff` is invalid, version `00` has exactly these four
+/// fields, a later one may add fields after a `-`. (The zero ids are refused by the
+/// propagator that reads it.)
+fn well_formed_traceparent(v: &str) -> bool {
+    let b = v.as_bytes();
+    let hex = |r: std::ops::Range<usize>| {
+        b[r].iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+    };
+    b.len() >= 55
+        && b.len() <= MAX_TRACEPARENT
+        && hex(0..2)
+        && &b[0..2] != b"ff"
+        && b[2] == b'-'
+        && hex(3..35)
+        && b[35] == b'-'
+        && hex(36..52)
+        && b[52] == b'-'
+        && hex(53..55)
+        && if &b[0..2] == b"00" {
+            b.len() == 55
+        } else {
+            b.len() == 55 || (b[55] == b'-' && HeaderValue::from_bytes(b).is_ok())
+        }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,5 +402,68 @@ mod tests {
         .expect("valid");
         assert_eq!(nulls.reconcile, None);
         assert!(!nulls.store_response);
+    }
+
+    #[test]
+    fn trace_headers_rules() {
+        const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let with = |headers: &str| {
+            trace_headers(&format!(
+                r#"{{"url": "https://x.example", "headers": {headers}, "body": {{"a": [1]}}}}"#
+            ))
+        };
+        let got = with(&format!(
+            r#"{{"traceparent": "{TP}", "tracestate": "k=v"}}"#
+        ))
+        .expect("well formed");
+        assert_eq!(got.traceparent, TP);
+        assert_eq!(got.tracestate.as_deref(), Some("k=v"));
+        // Names in any case, as HTTP has them; tracestate optional.
+        let got = with(&format!(r#"{{"TraceParent": "{TP}", "X-Other": "1"}}"#)).expect("ok");
+        assert_eq!((got.traceparent.as_str(), got.tracestate), (TP, None));
+        // A later version may carry more fields.
+        let v1 = format!("01{}-what-comes-next", &TP[2..]);
+        assert!(with(&format!(r#"{{"traceparent": "{v1}"}}"#)).is_some());
+        // A tracestate too long or with control characters is dropped, not the parent.
+        let long = "k=".to_owned() + &"v".repeat(MAX_TRACESTATE);
+        let got = with(&format!(
+            r#"{{"traceparent": "{TP}", "tracestate": "{long}"}}"#
+        ));
+        assert_eq!(got.expect("parent kept").tracestate, None);
+        let got = with(&format!(
+            r#"{{"traceparent": "{TP}", "tracestate": "k=v\u0007"}}"#
+        ));
+        assert_eq!(got.expect("parent kept").tracestate, None);
+
+        let upper = TP.to_ascii_uppercase();
+        let short = &TP[..54];
+        let extra00 = format!("{TP}-00");
+        let ff = format!("ff{}", &TP[2..]);
+        let ctl = format!("{}\\u0000{}", &TP[..10], &TP[11..]);
+        let nl = format!("{TP}\\r\\nX-Injected: 1");
+        let huge = format!("01{}-{}", &TP[2..], "a".repeat(300));
+        let bad_sep = TP.replace('-', "_");
+        for headers in [
+            r#"{}"#.to_owned(),
+            r#"null"#.to_owned(),
+            r#"{"traceparent": 7}"#.to_owned(),
+            format!(r#"{{"traceparent": "{upper}"}}"#),
+            format!(r#"{{"traceparent": "{short}"}}"#),
+            format!(r#"{{"traceparent": "{extra00}"}}"#),
+            format!(r#"{{"traceparent": "{ff}"}}"#),
+            format!(r#"{{"traceparent": "{ctl}"}}"#),
+            format!(r#"{{"traceparent": "{nl}"}}"#),
+            format!(r#"{{"traceparent": "{huge}"}}"#),
+            format!(r#"{{"traceparent": "{bad_sep}"}}"#),
+            format!(r#"{{"traceparent": " {TP}"}}"#),
+            r#"{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e47é6-00f067aa0ba902b7-01"}"#
+                .to_owned(),
+            // Two of them: which one the receiver reads is its business; the span takes neither.
+            format!(r#"{{"traceparent": "{TP}", "Traceparent": "{TP}"}}"#),
+        ] {
+            assert_eq!(with(&headers), None, "{headers}");
+        }
+        assert_eq!(trace_headers("not json"), None);
+        assert_eq!(trace_headers(r#"[{"headers": {}}]"#), None);
     }
 }
