@@ -309,6 +309,7 @@ mod tests {
             lease_token: Uuid::nil(),
             previous_class: None,
             reconcile: false,
+            destination: None,
         }
     }
 
