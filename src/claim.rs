@@ -236,12 +236,14 @@ fn claim_batch(rows: Vec<tokio_postgres::Row>) -> ClaimBatch {
             retry_ambiguous: row.get("retry_ambiguous"),
             lease_token: row.get("lease_token"),
             previous_class: previous_class.and_then(ErrorClass::parse),
-            reconcile: row.get("reconcile"),
+            reconcile: false,
             destination: None,
         });
         if let Some(m) = batch.claimed.last_mut() {
             if m.channel == Channel::Webhook {
-                m.destination = destination_of(&m.payload);
+                let r = routing(&m.payload);
+                m.destination = r.destination;
+                m.reconcile = r.reconcile;
             }
         }
     }
@@ -448,19 +450,62 @@ pub async fn has_unfinished<C: GenericClient>(
     Ok(row.get(0))
 }
 
-/// The destination of a webhook payload (JSON text): its `url`'s host and port, exactly as
-/// `outbox.destination_of` (`sql/0013`) names it, whose comment states the rules;
-/// `tests/it/destinations.rs` checks the two agree. Read here rather than in the claim
-/// because the SQL function costs the database about 20 µs a row and this a fraction of a
-/// microsecond, on a payload the worker has fetched anyway.
-pub fn destination_of(payload: &str) -> Option<String> {
+/// What the worker reads from a claimed webhook's payload (JSON text, as jsonb renders it)
+/// before sending, in one pass: its destination ([`destination_of_url`]) and whether it
+/// names a reconciliation lookup. Both were once computed by the claim itself
+/// (`outbox.destination_of`, `outbox.reconcilable`); a function with a pinned search_path is
+/// never inlined, so each cost the database 5 to 20 µs a claimed row, against a fraction of
+/// a microsecond here, on a payload the worker has fetched anyway. The rules are the SQL
+/// functions' (their comments state them); `tests/it/destinations.rs` checks both agree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Routing {
+    /// The URL's host and port, when it has a name.
+    pub destination: Option<String>,
+    /// `reconcile.url` is a string (`outbox.reconcilable`).
+    pub reconcile: bool,
+}
+
+/// Reads [`Routing`] from a webhook payload. A payload that is not a JSON object has none.
+pub fn routing(payload: &str) -> Routing {
+    use serde_json::value::RawValue;
     #[derive(serde::Deserialize)]
-    struct UrlOnly<'a> {
-        #[serde(borrow)]
-        url: Option<std::borrow::Cow<'a, str>>,
+    struct Fields<'a> {
+        #[serde(borrow, default)]
+        url: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        reconcile: Option<&'a RawValue>,
     }
-    let url = serde_json::from_str::<UrlOnly<'_>>(payload).ok()?.url?;
-    destination_of_url(&url)
+    #[derive(serde::Deserialize)]
+    struct Reconcile<'a> {
+        #[serde(borrow, default)]
+        url: Option<&'a RawValue>,
+    }
+    let Ok(f) = serde_json::from_str::<Fields<'_>>(payload) else {
+        return Routing::default();
+    };
+    let string = |raw: &RawValue| {
+        serde_json::from_str::<std::borrow::Cow<'_, str>>(raw.get())
+            .ok()
+            .map(|s| s.into_owned())
+    };
+    let destination = f
+        .url
+        .and_then(|raw| string(raw))
+        .and_then(|url| destination_of_url(&url));
+    let reconcile = f
+        .reconcile
+        .and_then(|raw| serde_json::from_str::<Reconcile<'_>>(raw.get()).ok())
+        .and_then(|r| r.url)
+        .is_some_and(|u| u.get().starts_with('"'));
+    Routing {
+        destination,
+        reconcile,
+    }
+}
+
+/// The destination of a webhook payload ([`Routing::destination`]).
+pub fn destination_of(payload: &str) -> Option<String> {
+    routing(payload).destination
 }
 
 /// [`destination_of`] for a URL.

@@ -340,3 +340,50 @@ async fn a_rate_limit_of_five_a_second_holds() {
         "one history row per delivered message, none per deferral"
     );
 }
+
+/// The worker's reading of `reconcile.url` agrees with `outbox.reconcilable`, which the
+/// lease-expiry rule uses, on every shape a payload can give it.
+#[tokio::test]
+async fn the_worker_reads_reconcile_as_outbox_reconcilable_does() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let payloads = [
+        r#"{"url": "https://a.example", "reconcile": {"url": "https://a.example/r"}}"#,
+        r#"{"url": "https://a.example", "reconcile": {"url": 5}}"#,
+        r#"{"url": "https://a.example", "reconcile": {"url": null}}"#,
+        r#"{"url": "https://a.example", "reconcile": {"url": ["x"]}}"#,
+        r#"{"url": "https://a.example", "reconcile": {"url": {"u": "x"}}}"#,
+        r#"{"url": "https://a.example", "reconcile": {"other": "x"}}"#,
+        r#"{"url": "https://a.example", "reconcile": "https://a.example/r"}"#,
+        r#"{"url": "https://a.example", "reconcile": null}"#,
+        r#"{"url": "https://a.example", "reconcile": [{"url": "x"}]}"#,
+        r#"{"url": 5, "reconcile": {"url": "https://a.example/r"}}"#,
+        r#"{"reconcile": {"url": "\u00e9\n"}}"#,
+        r#"{"url": "https://a.example"}"#,
+        r#"[]"#,
+        r#""text""#,
+        r#"{}"#,
+    ];
+    for p in payloads {
+        let (sql, dest): (bool, Option<String>) = {
+            let row = c
+                .query_one(
+                    "SELECT outbox.reconcilable('webhook', $1::text::jsonb), \
+                            outbox.destination_of('webhook', $1::text::jsonb)",
+                    &[&p],
+                )
+                .await
+                .unwrap();
+            (row.get(0), row.get(1))
+        };
+        // The worker reads jsonb's rendering of the payload, as the claim returns it.
+        let rendered: String = c
+            .query_one("SELECT $1::text::jsonb::text", &[&p])
+            .await
+            .unwrap()
+            .get(0);
+        let r = outboxd::claim::routing(&rendered);
+        assert_eq!(r.reconcile, sql, "reconcile of {p}");
+        assert_eq!(r.destination, dest, "destination of {p}");
+    }
+}
