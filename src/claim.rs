@@ -490,7 +490,7 @@ pub fn routing(payload: &str) -> Routing {
     };
     let destination = f
         .url
-        .and_then(|raw| string(raw))
+        .and_then(string)
         .and_then(|url| destination_of_url(&url));
     let reconcile = f
         .reconcile
