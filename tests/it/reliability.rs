@@ -359,6 +359,18 @@ async fn terminated_database_connections_lose_nothing() {
     }));
     let killer = db.client().await;
     let c = db.client().await;
+    // Fault injection: every statement that writes history (each completion, and each claim
+    // through its lease-expiry step) lasts at least 10 ms, so the killer below, which looks
+    // every 2 ms, meets both kinds even on a loaded machine (a bare completion takes well
+    // under a millisecond, and racing it made this test depend on the machine's load).
+    c.batch_execute(
+        "CREATE FUNCTION public.slow_statement() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep(0.01); RETURN NULL; END $$; \
+         CREATE TRIGGER slow_statement AFTER INSERT ON outbox.attempts \
+         FOR EACH STATEMENT EXECUTE FUNCTION public.slow_statement();",
+    )
+    .await
+    .unwrap();
     let t0 = Instant::now();
     // Kill claims and completions while they run, until both kinds were hit several times
     // (bounded in time).
