@@ -120,6 +120,25 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
         Ok(other) => anyhow::bail!("OUTBOXD_LOG_FORMAT must be text or json (got {other:?})"),
     };
     let traces = if traced { Traces::from_env()? } else { None };
+    if traces.is_none() {
+        // No traces: one global filter, as before traces existed, with the attempt span
+        // switched off by target whatever RUST_LOG says. A per-layer filter (below) costs
+        // every event and span a check of its own: about 15 µs of CPU per delivery in the
+        // daemon (`bench/run ab`), which a run without traces should not pay.
+        let off = format!("{}=off", telemetry::SPAN_TARGET)
+            .parse()
+            .map_err(|e| anyhow::anyhow!("the span filter: {e}"))?;
+        let global = tracing_subscriber::fmt()
+            .with_env_filter(filter.add_directive(off))
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr);
+        match std::env::var("OUTBOXD_LOG_FORMAT").as_deref() {
+            Ok("json") => global.json().try_init(),
+            _ => global.fmt_fields(EscapedFields).try_init(),
+        }
+        .map_err(|e| anyhow::anyhow!("cannot start logging: {e}"))?;
+        return Ok(None);
+    }
     let logs = logs.with_filter(filter.and(telemetry::without_trace_spans()));
     let exported = traces.as_ref().map(|t| t.layer());
     tracing_subscriber::registry()
