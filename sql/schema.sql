@@ -1,4 +1,4 @@
--- outboxd: the live schema after every migration of sql/ (0001 … 0013), in one file.
+-- outboxd: the live schema after every migration of sql/ (0001 … 0014), in one file.
 -- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
 -- only the numbered files). tests/schema.rs loads it into an empty database and compares
 -- the catalog with a migrated one; after a new migration, regenerate it with
@@ -957,6 +957,24 @@ ALTER TABLE outbox.attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 
 
 --
+-- Name: destinations; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.destinations (
+    host text NOT NULL,
+    state text NOT NULL,
+    consecutive_failures integer DEFAULT 0 NOT NULL,
+    open_until timestamp with time zone,
+    cooldown_seconds double precision,
+    probe_until timestamp with time zone,
+    deferred_until timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT destinations_host_check CHECK (((length(host) >= 1) AND (length(host) <= 1000))),
+    CONSTRAINT destinations_state_check CHECK ((state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text])))
+);
+
+
+--
 -- Name: messages; Type: TABLE; Schema: outbox; Owner: -
 --
 
@@ -1033,6 +1051,14 @@ CREATE TABLE outbox.schema_migrations (
 
 ALTER TABLE ONLY outbox.attempts
     ADD CONSTRAINT attempts_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: destinations destinations_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.destinations
+    ADD CONSTRAINT destinations_pkey PRIMARY KEY (host);
 
 
 --

@@ -32,6 +32,8 @@ pub const MESSAGES: &str = "outboxd_messages";
 pub const MESSAGES_ESTIMATED: &str = "outboxd_messages_estimated";
 /// Seconds since the oldest due pending message became due (read at scrape time).
 pub const OLDEST_DUE: &str = "outboxd_oldest_due_seconds";
+/// Destinations whose circuit breaker is open or half-open (read at scrape time).
+pub const DESTINATIONS_OPEN: &str = "outboxd_destinations_open";
 /// Rows returned by each claim.
 pub const CLAIM_BATCH_SIZE: &str = "outboxd_claim_batch_size";
 
@@ -109,6 +111,10 @@ pub fn install() -> Result<PrometheusHandle, ConfigError> {
         metrics::Unit::Seconds,
         "Age of the oldest due pending message."
     );
+    metrics::describe_gauge!(
+        DESTINATIONS_OPEN,
+        "Destinations whose circuit breaker is open or half-open."
+    );
     metrics::describe_histogram!(CLAIM_BATCH_SIZE, "Rows returned by each claim.");
     Ok(handle)
 }
@@ -169,6 +175,7 @@ async fn metrics_route(State(st): State<AppState>) -> impl IntoResponse {
                 metrics::gauge!(MESSAGES_ESTIMATED, "state" => state.as_str()).set(estimated);
             }
             metrics::gauge!(OLDEST_DUE).set(s.oldest_due_seconds);
+            metrics::gauge!(DESTINATIONS_OPEN).set(s.open_destinations as f64);
         }
         Ok(Err(e)) => tracing::warn!(error = %e, "metrics: cannot read message counts"),
         Err(_) => tracing::warn!("metrics: reading message counts timed out"),

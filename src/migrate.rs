@@ -100,6 +100,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "destinations",
         sql: include_str!("../sql/0013_destinations.sql"),
     },
+    Migration {
+        version: 14,
+        name: "breakers",
+        sql: include_str!("../sql/0014_breakers.sql"),
+    },
 ];
 
 /// Why migrating failed.

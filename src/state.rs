@@ -324,3 +324,114 @@ mod tests {
         }
     }
 }
+
+/// A destination's circuit breaker (`outbox.destinations.state`, `sql/0014`), closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Circuit {
+    /// Sending; failures in a row are counted towards the threshold.
+    Closed,
+    /// Not sending until `open_until`, when one probe may go.
+    Open,
+    /// One probe in flight (until `probe_until`); the others wait for its answer.
+    HalfOpen,
+}
+
+impl Circuit {
+    /// Every state.
+    pub const ALL: [Circuit; 3] = [Circuit::Closed, Circuit::Open, Circuit::HalfOpen];
+
+    /// The name in `outbox.destinations.state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Circuit::Closed => "closed",
+            Circuit::Open => "open",
+            Circuit::HalfOpen => "half_open",
+        }
+    }
+
+    /// The state named `s`, if it is one.
+    pub fn parse(s: &str) -> Option<Circuit> {
+        Circuit::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    /// The one rule of a breaker: where a destination goes after one completer batch of
+    /// its outcomes. `failures` is its count in a row before the batch; `threshold` is
+    /// `--breaker-threshold`. [`crate::queries::BREAKER_RECORD`] writes exactly this (a
+    /// test runs both on every case).
+    ///
+    /// - A batch of only successes (or permanent refusals: the receiver answered) closes it.
+    /// - Failures while it is open (requests that were in flight when it opened) add to the
+    ///   count and keep its cooldown; a failure while half-open is the probe failing: open
+    ///   again, the cooldown doubled (at most `--retry-max`).
+    /// - Otherwise failures after the batch's last success count from zero, others from
+    ///   `failures`; reaching the threshold opens it with the base cooldown.
+    pub fn after(self, failures: i32, batch: BreakerBatch, threshold: i32) -> CircuitStep {
+        if batch.fails == 0 {
+            return CircuitStep {
+                circuit: Circuit::Closed,
+                failures: 0,
+                cooldown: Cooldown::Base,
+            };
+        }
+        if !batch.reset {
+            match self {
+                Circuit::Open => {
+                    return CircuitStep {
+                        circuit: Circuit::Open,
+                        failures: failures + batch.fails,
+                        cooldown: Cooldown::Kept,
+                    };
+                }
+                Circuit::HalfOpen => {
+                    return CircuitStep {
+                        circuit: Circuit::Open,
+                        failures: failures + batch.fails,
+                        cooldown: Cooldown::Doubled,
+                    };
+                }
+                Circuit::Closed => {}
+            }
+        }
+        let count = if batch.reset { 0 } else { failures } + batch.fails;
+        CircuitStep {
+            circuit: if count >= threshold {
+                Circuit::Open
+            } else {
+                Circuit::Closed
+            },
+            failures: count,
+            cooldown: Cooldown::Base,
+        }
+    }
+}
+
+/// What one completer batch saw of one destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerBatch {
+    /// A success or a permanent refusal came in the batch.
+    pub reset: bool,
+    /// Transient or ambiguous failures after the batch's last such answer.
+    pub fails: i32,
+}
+
+/// Where [`Circuit::after`] leads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CircuitStep {
+    /// The new state.
+    pub circuit: Circuit,
+    /// Failures in a row now.
+    pub failures: i32,
+    /// What becomes of the cooldown.
+    pub cooldown: Cooldown,
+}
+
+/// The cooldown after a step of [`Circuit::after`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cooldown {
+    /// `--breaker-cooldown` (and, if the step opens the circuit, open until now + it).
+    Base,
+    /// The current opening's, unchanged (its `open_until` too).
+    Kept,
+    /// Twice the last one, at most `--retry-max`, open until now + it.
+    Doubled,
+}

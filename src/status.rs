@@ -61,6 +61,8 @@ pub struct Status {
     /// Ordering groups with at least one message waiting behind an earlier unfinished one
     /// of its group (see [`queries::BLOCKED_GROUPS`]).
     pub blocked_groups: i64,
+    /// Destinations whose circuit breaker is open or half-open (`outboxd destinations`).
+    pub open_destinations: i64,
     /// The same counts per channel (every channel present, zeros included).
     pub by_channel: BTreeMap<String, Counts>,
 }
@@ -75,6 +77,8 @@ pub struct BoundedCounts {
     pub estimated: Vec<State>,
     /// As in [`Status::oldest_due_seconds`].
     pub oldest_due_seconds: f64,
+    /// As in [`Status::open_destinations`].
+    pub open_destinations: i64,
 }
 
 /// The default cap of [`bounded_counts`]: each state costs at most this many index entries
@@ -103,7 +107,16 @@ pub async fn bounded_counts<C: GenericClient>(
         }
     }
     out.oldest_due_seconds = oldest_due_seconds(client).await?;
+    out.open_destinations = open_destinations(client).await?;
     Ok(out)
+}
+
+/// Destinations not closed: a small table (one row per host that ever failed).
+async fn open_destinations<C: GenericClient>(client: &C) -> Result<i64, tokio_postgres::Error> {
+    Ok(client
+        .query_one(queries::OPEN_DESTINATIONS, &[])
+        .await?
+        .get(0))
 }
 
 async fn oldest_due_seconds<C: GenericClient>(client: &C) -> Result<f64, tokio_postgres::Error> {
@@ -132,5 +145,6 @@ pub async fn status<C: GenericClient>(client: &C) -> Result<Status, tokio_postgr
     }
     st.oldest_due_seconds = oldest_due_seconds(client).await?;
     st.blocked_groups = client.query_one(queries::BLOCKED_GROUPS, &[]).await?.get(0);
+    st.open_destinations = open_destinations(client).await?;
     Ok(st)
 }

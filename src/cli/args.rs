@@ -47,6 +47,34 @@ pub enum Command {
     Purge(PurgeArgs),
     /// Serve the operator console in the browser (sign in with OUTBOXD_CONSOLE_TOKEN).
     Console(ConsoleArgs),
+    /// List destinations whose circuit breaker is open, half-open or counting failures.
+    Destinations(DestinationsArgs),
+}
+
+/// `outboxd destinations`.
+#[derive(Debug, Args)]
+pub struct DestinationsArgs {
+    /// Print JSON.
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub json: bool,
+    /// Close this destination's circuit by hand (`host` or `host:port`, as listed); its
+    /// held-back messages are due again at once.
+    #[arg(long, value_name = "HOST", value_parser = parse_destination)]
+    pub close: Option<String>,
+}
+
+/// A destination as `outbox.destination_of` writes it: lower-cased, at most 1000
+/// characters, no control characters or spaces.
+fn parse_destination(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.chars().count() > 1000 {
+        return Err("a destination is 1 to 1000 characters (host or host:port)".into());
+    }
+    if s.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(
+            "a destination holds no spaces or control characters (host or host:port)".into(),
+        );
+    }
+    Ok(s.to_lowercase())
 }
 
 /// `outboxd console`.
@@ -256,6 +284,17 @@ pub struct RunArgs {
     /// Exit once no message of this worker's channels is pending or running.
     #[arg(long, env = "OUTBOXD_DRAIN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub drain: bool,
+    /// Consecutive transient or ambiguous failures to one host that open its circuit (0: off).
+    #[arg(
+        long,
+        env = "OUTBOXD_BREAKER_THRESHOLD",
+        default_value_t = 10,
+        value_name = "N"
+    )]
+    pub breaker_threshold: u32,
+    /// How long an open circuit waits before its probe (doubles per failed probe).
+    #[arg(long, env = "OUTBOXD_BREAKER_COOLDOWN", default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub breaker_cooldown: Duration,
 }
 
 /// `outboxd enqueue`.

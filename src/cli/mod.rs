@@ -31,8 +31,8 @@ mod ops;
 mod run;
 
 pub use args::{
-    CancelArgs, Cli, Command, ConsoleArgs, DeadArgs, DeadFilterArgs, EnqueueArgs, HeldArgs,
-    PurgeArgs, ReplayArgs, RunArgs, ShowArgs, StatusArgs, TargetsArgs,
+    CancelArgs, Cli, Command, ConsoleArgs, DeadArgs, DeadFilterArgs, DestinationsArgs, EnqueueArgs,
+    HeldArgs, PurgeArgs, ReplayArgs, RunArgs, ShowArgs, StatusArgs, TargetsArgs,
 };
 pub use run::worker_settings;
 
@@ -156,6 +156,7 @@ pub async fn dispatch(cli: Cli, env: Env) -> Result<(), CliError> {
         }
         Command::Purge(args) => ops::purge(args, &env).await,
         Command::Console(args) => console::console(args, &env).await,
+        Command::Destinations(args) => ops::destinations(args, &env).await,
     }
 }
 

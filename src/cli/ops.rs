@@ -2,8 +2,8 @@
 //! `cancel`, `confirm`, `purge`.
 
 use super::{
-    CliError, DeadArgs, Env, HeldArgs, PurgeArgs, ReplayArgs, ShowArgs, StatusArgs, connect,
-    db_failed, esc, json_out, print_table, runtime,
+    CliError, DeadArgs, DestinationsArgs, Env, HeldArgs, PurgeArgs, ReplayArgs, ShowArgs,
+    StatusArgs, connect, db_failed, esc, json_out, print_table, runtime,
 };
 use crate::model::ConfigError;
 use crate::ops::{
@@ -62,6 +62,10 @@ pub(super) async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> 
     out!(
         "blocked ordering groups: {} (a message waits behind an earlier unfinished one)",
         st.blocked_groups
+    );
+    out!(
+        "open destinations: {} (outboxd destinations lists them)",
+        st.open_destinations
     );
     Ok(())
 }
@@ -342,5 +346,48 @@ pub(super) async fn purge(args: PurgeArgs, env: &Env) -> Result<(), CliError> {
     .await
     .map_err(|e| db_failed("purge failed", &e))?;
     out!("purged {total} message(s)");
+    Ok(())
+}
+
+/// `destinations`: the hosts whose breaker is not simply closed; `--close HOST` closes one.
+pub(super) async fn destinations(args: DestinationsArgs, env: &Env) -> Result<(), CliError> {
+    let client = connect(env).await?;
+    if let Some(host) = &args.close {
+        let closed = crate::ops::close_destination(&client, host)
+            .await
+            .map_err(|e| db_failed("closing the destination failed", &e))?;
+        return match closed {
+            Some(n) => {
+                out!("closed {}: {n} held-back messages due again", esc(host));
+                Ok(())
+            }
+            None => Err(CliError::Refused(format!(
+                "no destination {} is known (outboxd destinations lists them)",
+                esc(host)
+            ))),
+        };
+    }
+    let rows = crate::ops::destinations(&client)
+        .await
+        .map_err(|e| db_failed("listing destinations failed", &e))?;
+    if args.json {
+        return json_out(&rows);
+    }
+    if rows.is_empty() {
+        out!("no destination is open or failing");
+        return Ok(());
+    }
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|d| {
+            vec![
+                esc(&d.host),
+                d.state.clone(),
+                d.consecutive_failures.to_string(),
+                d.open_until.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    print_table(&["destination", "state", "failures", "open_until"], &table);
     Ok(())
 }

@@ -38,6 +38,8 @@ fn run_input(args: &RunArgs, env: &Env) -> RunInput {
         channels: args.channels.clone(),
         worker_id: args.worker_id.clone(),
         drain: args.drain,
+        breaker_threshold: args.breaker_threshold,
+        breaker_cooldown: args.breaker_cooldown,
         shutdown_grace: args.shutdown_grace,
         smtp_url: env.smtp_url.clone(),
         webhook_secret: env.webhook_secret.clone(),

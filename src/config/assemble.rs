@@ -50,6 +50,10 @@ pub struct RunInput {
     pub drain: bool,
     /// `--shutdown-grace`: how long in-flight attempts may finish after a signal.
     pub shutdown_grace: Duration,
+    /// `--breaker-threshold`: failures that open a destination's circuit (0: off).
+    pub breaker_threshold: u32,
+    /// `--breaker-cooldown`: how long a circuit stays open before its probe.
+    pub breaker_cooldown: Duration,
     /// `OUTBOXD_SMTP_URL`.
     pub smtp_url: Option<String>,
     /// `OUTBOXD_WEBHOOK_SECRET`.
@@ -208,6 +212,8 @@ fn worker_config(input: &RunInput, channels: Vec<Channel>) -> WorkerConfig {
         shutdown_grace: input.shutdown_grace,
         listen: true,
         limits: DestinationLimits::default(),
+        breaker_threshold: input.breaker_threshold,
+        breaker_cooldown: input.breaker_cooldown,
     }
 }
 

@@ -96,6 +96,12 @@ pub struct WorkerConfig {
     pub listen: bool,
     /// Limits per destination (`--host-concurrency`, rate limits).
     pub limits: limits::DestinationLimits,
+    /// Consecutive transient or ambiguous failures that open a destination's circuit
+    /// (`--breaker-threshold`); 0 turns breakers off.
+    pub breaker_threshold: u32,
+    /// How long a circuit stays open before its probe (`--breaker-cooldown`); doubled after
+    /// each failed probe, at most the retry schedule's longest delay.
+    pub breaker_cooldown: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -112,6 +118,8 @@ impl Default for WorkerConfig {
             shutdown_grace: Duration::from_secs(30),
             listen: true,
             limits: limits::DestinationLimits::default(),
+            breaker_threshold: 10,
+            breaker_cooldown: Duration::from_secs(30),
         }
     }
 }
@@ -149,6 +157,14 @@ impl WorkerConfig {
             return Err(ConfigError(
                 "--retry-base must be positive and at most --retry-max".into(),
             ));
+        }
+        if self.breaker_threshold > 1_000_000 {
+            return Err(ConfigError(
+                "--breaker-threshold must be between 0 (off) and 1000000".into(),
+            ));
+        }
+        if self.breaker_threshold > 0 && self.breaker_cooldown.is_zero() {
+            return Err(ConfigError("--breaker-cooldown must be positive".into()));
         }
         // A lease that can expire while an attempt is still within its timeout would let a
         // second worker send the same message while the first one is still talking to the

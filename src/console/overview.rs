@@ -18,6 +18,9 @@ pub(crate) async fn page(State(app): State<Shared>, signed: Signed) -> Result<Re
     let minutes = crate::ops::attempts_per_minute(&**c)
         .await
         .map_err(|e| Failure::db(&e))?;
+    let destinations = crate::ops::destinations(&**c)
+        .await
+        .map_err(|e| Failure::db(&e))?;
     let channels: Vec<&String> = st.by_channel.keys().collect();
     let body = html! {
         section.scroll {
@@ -48,14 +51,36 @@ pub(crate) async fn page(State(app): State<Shared>, signed: Signed) -> Result<Re
                 @if st.oldest_due_seconds == 0.0 { span.muted { " (none is waiting)" } }
             }
         }
+        // Circuit breakers (sql/0014): hosts open, half-open or counting failures. Names
+        // only (a destination is a host and port, never a path or query); closing one by
+        // hand is `outboxd destinations --close HOST`.
+        section.scroll id="open-destinations" {
+            h2 { "Open destinations" }
+            p { "Open or half-open: " b.open-count { (st.open_destinations) } }
+            @if destinations.is_empty() {
+                p.muted { "No destination is open or failing." }
+            } @else {
+                table {
+                    thead { tr {
+                        th { "destination" } th { "state" } th.num { "failures in a row" } th { "probe after" }
+                    } }
+                    tbody {
+                        @for d in &destinations {
+                            tr data-host=(d.host) data-state=(d.state) {
+                                td { (d.host) }
+                                td { (d.state) }
+                                td.num { (d.consecutive_failures) }
+                                td { (d.open_until.as_deref().unwrap_or("-")) }
+                            }
+                        }
+                    }
+                }
+                p.muted { "Close one by hand: " code { "outboxd destinations --close HOST" } }
+            }
+        }
         section.chart {
             h2 { "Deliveries and failures per minute, last hour" }
             (chart(&minutes))
-        }
-        // Circuit breakers (issue 18) are not built yet: there is nothing to count.
-        section.placeholder id="open-destinations" {
-            h2 { "Open destinations" }
-            p { "Not available yet: per-host circuit breakers (issue 18) are not built, so no destination is ever open." }
         }
     };
     Ok(layout::page("Overview", Some(&signed), body).into_response())

@@ -15,10 +15,12 @@ use tokio::task::JoinSet;
 
 use super::Shared;
 use super::attempt::{Done, spawn_attempt};
+use super::breakers::Gate;
 use super::db_call::{Backoff, bounded, checkout};
 use super::lane::Lane;
 use crate::claim;
 use crate::model::AttemptOutcome;
+use crate::state::DeferReason;
 use crate::support::lock;
 
 /// The loop's state between rounds.
@@ -143,6 +145,10 @@ impl ClaimLoop {
             picked: 0,
             failed: None,
         };
+        shared
+            .breakers
+            .refresh(&shared.pool, cfg.poll_interval)
+            .await;
         for lane in &mut self.lanes {
             let room = free.min(lane.room());
             // With a backlog, wait until a useful number of slots is free so each claim
@@ -193,6 +199,20 @@ impl ClaimLoop {
             free = free.saturating_sub(batch.claimed.len());
             crate::metrics::claim_batch(batch.claimed.len());
             for msg in batch.claimed {
+                // An open circuit: the row goes back unsent and uncounted, without a task
+                // (the delivery task never touches the database).
+                if let Some(host) = &msg.destination {
+                    if let Gate::Defer(delay) =
+                        shared.breakers.gate(&shared.pool, msg.id, host).await
+                    {
+                        shared.inflight.fetch_add(1, Ordering::SeqCst);
+                        let _ = self
+                            .done_tx
+                            .send(Done::deferred(msg, DeferReason::Breaker, delay))
+                            .await;
+                        continue;
+                    }
+                }
                 spawn_attempt(
                     &mut self.tasks,
                     shared,

@@ -85,6 +85,8 @@ pub(super) async fn completer(
             let recorded = retry_db!(shared, hard_stop, "recording attempts", |client| {
                 claim::complete_cached(client, &shared.cfg.worker_id, &completions)
             });
+            // Counted whether or not the lease was still ours: the request was made.
+            shared.breakers.record(&shared.pool, &completions).await;
             match recorded {
                 Some(outcomes) => log_attempts(&shared, &completions, &logs, &outcomes),
                 None => tracing::error!(
@@ -93,6 +95,12 @@ pub(super) async fn completer(
                 ),
             }
         }
+        shared.breakers.forget(
+            releases
+                .iter()
+                .map(|r| r.0)
+                .chain(deferrals.iter().map(|d| d.id)),
+        );
         if !releases.is_empty() {
             let released = retry_db!(shared, hard_stop, "releasing messages", |client| {
                 claim::release(&***client, &shared.cfg.worker_id, &releases)

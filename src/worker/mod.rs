@@ -30,6 +30,7 @@
 //! ambiguous.
 
 mod attempt;
+mod breakers;
 mod claim_loop;
 mod completer;
 mod db_call;
@@ -109,6 +110,8 @@ struct Shared {
     /// waiting for the poll interval, so a message given back for 200 ms is not sent a
     /// second late.
     alarms: Mutex<BinaryHeap<Reverse<Instant>>>,
+    /// Circuit breakers per destination (`--breaker-threshold`), shared through the database.
+    breakers: breakers::Breakers,
 }
 
 /// Most alarms kept: beyond this a deferred message is found by the next poll instead.
@@ -151,6 +154,7 @@ impl Worker {
     ) -> Self {
         let listen = if cfg.listen { listen } else { None };
         let gates = destinations::Gates::new(cfg.limits.clone(), deliverers.webhook.timeout());
+        let breakers = breakers::Breakers::new(&cfg, deliverers.webhook.timeout());
         Worker {
             shared: Arc::new(Shared {
                 gates,
@@ -162,6 +166,7 @@ impl Worker {
                 inflight: AtomicUsize::new(0),
                 stopping: CancellationToken::new(),
                 summary: Mutex::new(RunSummary::default()),
+                breakers,
             }),
             listen,
         }
@@ -197,11 +202,22 @@ impl Worker {
             .listen
             .map(|pg| tokio::spawn(wakeup::listen(pg, shared.clone(), idle_rx)));
 
+        // Every 20 polls, at least each second and at most each minute.
+        let watch_every =
+            (cfg.poll_interval * 20).clamp(Duration::from_secs(1), Duration::from_secs(60));
+        let watch_stop = CancellationToken::new();
+        let watch = tokio::spawn(maintenance::ordering_watch(
+            shared.pool.clone(),
+            watch_every,
+            watch_stop.clone(),
+        ));
         let mut claims = ClaimLoop::new(shared.clone(), done_tx, idle_tx);
         claims.run(shutdown).await;
         let (tasks, done_tx) = claims.into_parts();
 
         let completed = shut_down(&shared, tasks, done_tx, completer, hard_stop).await;
+        watch_stop.cancel();
+        let _ = watch.await;
         if let Some(l) = listener {
             l.abort();
         }

@@ -193,6 +193,50 @@ fn bad_arguments_exit_2_with_one_line_before_any_connection() {
             "host-concurrency",
         ),
         (
+            "run: breaker threshold negative",
+            vec!["run", "--breaker-threshold=-1"],
+            "breaker-threshold",
+        ),
+        (
+            "run: breaker threshold not a number",
+            vec!["run", "--breaker-threshold", "ten"],
+            "breaker-threshold",
+        ),
+        (
+            "run: breaker threshold too large",
+            vec!["run", "--breaker-threshold", "2000000"],
+            "breaker-threshold",
+        ),
+        (
+            "run: breaker cooldown of zero",
+            vec!["run", "--breaker-cooldown", "0s"],
+            "breaker-cooldown",
+        ),
+        (
+            "run: breaker cooldown without a unit",
+            vec!["run", "--breaker-cooldown", "30"],
+            "breaker-cooldown",
+        ),
+        (
+            "destinations: --close with a control character",
+            vec!["destinations", "--close", "a.example\u{1b}[2J"],
+            "--close",
+        ),
+        (
+            "destinations: --close with a space",
+            vec![
+                "destinations",
+                "--close",
+                "a.example; DROP TABLE outbox.messages",
+            ],
+            "--close",
+        ),
+        (
+            "destinations: --close empty",
+            vec!["destinations", "--close", ""],
+            "--close",
+        ),
+        (
             "run: rate limit without a unit",
             vec!["run", "--webhook-rate-limits", "hooks.slack.com=1"],
             "hooks.slack.com=1",

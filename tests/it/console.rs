@@ -95,6 +95,18 @@ async fn an_operator_signs_in_sees_the_counts_filters_replays_and_approves_in_a_
     let mail_id = dead_email(&db, "order-1:mail").await;
     let held_id = enqueue_held(&db, "refund-7:approve", &rx.url("/refunds")).await;
     let xss_id = enqueue_held(&db, XSS_KEY, &rx.url("/x")).await;
+    // Circuit breakers: one open destination, and one counting failures whose name (a row
+    // an operator could write by hand) is markup.
+    db.client()
+        .await
+        .execute(
+            "INSERT INTO outbox.destinations (host, state, consecutive_failures, open_until) \
+             VALUES ('api.partner.example:8443', 'open', 10, now() + interval '25 seconds'), \
+                    ($1, 'closed', 3, NULL)",
+            &[&XSS_KEY],
+        )
+        .await
+        .unwrap();
 
     let console = Console::start(&db);
     let b = Browser::start(1280, 900).await;
@@ -115,6 +127,19 @@ async fn an_operator_signs_in_sees_the_counts_filters_replays_and_approves_in_a_
         "1"
     );
     wait_text(&b, "#chart-summary", "1 failed").await;
+    assert_eq!(b.text("#open-destinations .open-count").await, "1");
+    assert_eq!(
+        b.text("#open-destinations tr[data-state=open] td").await,
+        "api.partner.example:8443"
+    );
+    assert_eq!(
+        b.text(&format!(
+            "#open-destinations tr[data-host=\"{XSS_KEY}\"] td"
+        ))
+        .await,
+        XSS_KEY,
+        "a destination's name is shown as text"
+    );
     b.screenshot("overview").await;
 
     // Filter the dead letters: webhook only.

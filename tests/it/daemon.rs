@@ -190,6 +190,13 @@ async fn metrics_health_and_json_logs() {
     .await
     .unwrap();
 
+    // An open circuit for a host no message goes to (the daemon never touches its row).
+    c.batch_execute(
+        "INSERT INTO outbox.destinations (host, state, consecutive_failures, open_until) \
+         VALUES ('down.example', 'open', 10, now() + interval '1 hour')",
+    )
+    .await
+    .unwrap();
     let (status, body) = http_get(&addr, "/healthz").await.expect("healthz answers");
     assert_eq!(status, 200, "{body}");
     let (status, text) = http_get(&addr, "/metrics").await.expect("metrics answers");
@@ -219,6 +226,7 @@ async fn metrics_health_and_json_logs() {
         text.contains("outboxd_delivery_duration_seconds_bucket{channel=\"webhook\",le=\"0.005\"}"),
         "{text}"
     );
+    assert_eq!(value("outboxd_destinations_open"), Some(1.0), "{text}");
     assert_eq!(
         value("outboxd_messages{state=\"delivered\"}"),
         Some(2.0),

@@ -8,6 +8,7 @@
 mod common;
 
 mod bad_input;
+mod breakers;
 mod checkpoints;
 mod cli;
 mod cli_bad_args;

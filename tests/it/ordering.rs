@@ -1016,3 +1016,51 @@ async fn order_survives_a_worker_killed_mid_group() {
         .collect();
     assert_eq!(outcomes, ["lease_lost", "delivered"]);
 }
+
+/// A message waiting behind its group's dead head is never claimed, so it has no attempt
+/// to log; the worker's ordering watch logs the held-up group instead (`deferred=ordering`,
+/// the group, how many wait, the head and its state), without the URL.
+#[tokio::test]
+async fn a_group_held_up_by_its_dead_head_is_logged_as_deferred_ordering() {
+    let (logs, _guard) = LogCapture::install();
+    let db = TestDb::new().await;
+    let rx = common::receiver::Receiver::start().await;
+    rx.script([common::receiver::Reply::Status(400)]);
+    let url = rx.url("/hook?token=s3cret");
+    let c = db.client().await;
+    let msgs: Vec<NewMessage> = (0..3)
+        .map(|i| msg(&format!("order-9:{i}"), &url, Some("order-9"), i).max_attempts(1))
+        .collect();
+    outboxd::enqueue_many(&c, &msgs).await.unwrap();
+    let worker = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
+    wait_for_state(&db, "order-9:0", "dead", Duration::from_secs(10)).await;
+    wait_until(Duration::from_secs(10), "the ordering watch's line", || {
+        let logs = logs.clone();
+        async move { logs.text().contains("ordering group waits for its head") }
+    })
+    .await;
+    worker.stop().await;
+    let text = logs.text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("ordering group waits for its head"))
+        .unwrap();
+    for part in [
+        "deferred=\"ordering\"",
+        "ordering_key=order-9",
+        "waiting=2",
+        "head=order-9:0",
+        "head_state=dead",
+    ] {
+        assert!(line.contains(part), "{part} in {line}");
+    }
+    assert!(
+        !text.contains("s3cret") && !text.contains("/hook"),
+        "{text}"
+    );
+    assert_eq!(
+        rx.requests().len(),
+        1,
+        "nothing after the dead head was sent"
+    );
+}

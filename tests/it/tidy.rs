@@ -65,6 +65,10 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
         "0013_destinations.sql",
         "8a8d4e5b95b2b3b9f67bebadbe9bcf9faf0990c68e14e5bbbcdd0486d9ab5fe6",
     ),
+    (
+        "0014_breakers.sql",
+        "b32c65debc77c60f32bcc2d96fea9ce1d2e68c5da47700e870c17fe9f63060f6",
+    ),
 ];
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it

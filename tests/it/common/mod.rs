@@ -250,6 +250,10 @@ pub fn test_worker_config(id: &str) -> WorkerConfig {
             max: Duration::from_secs(2),
         },
         shutdown_grace: Duration::from_secs(5),
+        // Breakers stay on (threshold 10) with a short cooldown: a test that fails one
+        // receiver many times in a row pauses for a moment, and its outcomes must be the
+        // same (a breaker changes when a message is sent, never what happens to it).
+        breaker_cooldown: Duration::from_millis(200),
         ..WorkerConfig::default()
     }
 }

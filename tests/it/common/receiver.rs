@@ -22,6 +22,8 @@ pub enum Reply {
     WithHeaders(u16, Vec<(&'static str, String)>),
     /// Wait this long, then answer 200 (used to outlast the worker's timeout).
     Stall(Duration),
+    /// Wait this long, then answer this status (a slow failing receiver).
+    Slow(Duration, u16),
     /// A status with a body and, if given, a content type.
     Body(u16, Option<&'static str>, Vec<u8>),
     /// 200 and a body that never ends: a chunk every 20 ms, forever.
@@ -184,6 +186,10 @@ async fn handle(
         Reply::Stall(d) => {
             tokio::time::sleep(d).await;
             StatusCode::OK.into_response()
+        }
+        Reply::Slow(d, code) => {
+            tokio::time::sleep(d).await;
+            StatusCode::from_u16(code).unwrap().into_response()
         }
         Reply::Body(code, content_type, body) => {
             let mut resp = (StatusCode::from_u16(code).unwrap(), body).into_response();

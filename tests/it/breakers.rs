@@ -1,0 +1,519 @@
+//! Circuit breakers shared through the database (issue 18, part 2; `sql/0014`): a host that
+//! keeps failing opens for a cooldown, during which none of its messages is sent or
+//! counted; then one probe; a success closes it and brings its backlog back.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use crate::common;
+
+use common::binary::{outboxd, run};
+use common::receiver::{Receiver, Reply};
+use common::*;
+
+/// The breaker row of `host`: state, failures in a row, cooldown (seconds).
+async fn breaker(db: &TestDb, host: &str) -> Option<(String, i32, Option<f64>)> {
+    db.client()
+        .await
+        .query_opt(
+            "SELECT state, consecutive_failures, cooldown_seconds FROM outbox.destinations \
+             WHERE host = $1",
+            &[&host],
+        )
+        .await
+        .unwrap()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+}
+
+/// Attempts counted on, and history rows of, the messages whose key starts with `prefix`.
+async fn counted(db: &TestDb, prefix: &str) -> (i64, i64) {
+    let r = db
+        .client()
+        .await
+        .query_one(
+            "SELECT (SELECT coalesce(sum(attempts), 0)::bigint FROM outbox.messages \
+                     WHERE message_key LIKE $1), \
+                    (SELECT count(*) FROM outbox.attempts a JOIN outbox.messages m \
+                     ON m.id = a.message_id WHERE m.message_key LIKE $1)",
+            &[&format!("{prefix}%")],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+async fn enqueue_n(db: &TestDb, prefix: &str, url: &str, n: usize, max_attempts: i32) {
+    let msgs: Vec<_> = (0..n)
+        .map(|i| {
+            outboxd::NewMessage::webhook(
+                format!("{prefix}{i}"),
+                serde_json::json!({"url": url, "body": {"i": i}}),
+            )
+            .max_attempts(max_attempts)
+        })
+        .collect();
+    outboxd::enqueue_many(&db.client().await, &msgs)
+        .await
+        .unwrap();
+}
+
+fn breaker_config(id: &str, threshold: u32, cooldown: Duration) -> outboxd::config::WorkerConfig {
+    let mut cfg = test_worker_config(id);
+    cfg.concurrency = 1;
+    cfg.breaker_threshold = threshold;
+    cfg.breaker_cooldown = cooldown;
+    cfg
+}
+
+/// Two workers share one breaker: after the threshold neither sends to the failing host for
+/// the cooldown, then exactly one probe goes (the others wait for its answer), and its
+/// success closes the circuit and lets the rest through. Deferrals count no attempt and
+/// write no history; a healthy host beside it is never held up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_host_opens_for_everyone_and_one_probe_closes_it() {
+    let db = TestDb::new().await;
+    let bad = Receiver::start().await;
+    // Slow failures: a poll interval (50 ms) is shorter than one of them, so the worker
+    // that did not open the circuit reads it before its next request.
+    bad.set_default(Reply::Slow(Duration::from_millis(120), 503));
+    let good = Receiver::start().await;
+    enqueue_n(&db, "bad:", &bad.url("/hook?token=s3cret"), 20, 30).await;
+    enqueue_n(&db, "good:", &good.url("/hook"), 20, 3).await;
+    let host = bad.addr.to_string();
+    let cooldown = Duration::from_millis(1500);
+    let w1 = RunningWorker::start(
+        &db,
+        breaker_config("w1", 3, cooldown),
+        test_webhook_config(),
+    );
+    let w2 = RunningWorker::start(
+        &db,
+        breaker_config("w2", 3, cooldown),
+        test_webhook_config(),
+    );
+    wait_until(Duration::from_secs(20), "the failing host open", || {
+        let (db, host) = (&db, &host);
+        async move { breaker(db, host).await.is_some_and(|b| b.0 == "open") }
+    })
+    .await;
+    // Every request made so far is counted and recorded (none is still in flight): the
+    // next request to the host is the probe.
+    wait_until(Duration::from_secs(10), "no request in flight", || {
+        let (db, bad) = (&db, &bad);
+        async move {
+            let (attempts, history) = counted(db, "bad:").await;
+            attempts == history && history == bad.requests().len() as i64
+        }
+    })
+    .await;
+    let before = bad.requests().len();
+    // Three failures open it. Each worker claims its next message as soon as a request
+    // ends, before its completer has recorded the failure, and the worker that did not
+    // open the circuit reads it within a poll interval: a few more go, never all 20.
+    assert!(
+        (3..=10).contains(&before),
+        "{before} requests before the circuit opened"
+    );
+    bad.script([Reply::Stall(Duration::from_millis(700))]);
+    bad.set_default(Reply::Status(204));
+    good.wait_for(20, Duration::from_secs(10)).await;
+    wait_until(
+        Duration::from_secs(30),
+        "every bad: message delivered",
+        || {
+            let db = &db;
+            async move {
+                db.client()
+                    .await
+                    .query_one(
+                        "SELECT count(*) FROM outbox.messages \
+                     WHERE message_key LIKE 'bad:%' AND state = 'delivered'",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get::<_, i64>(0)
+                    == 20
+            }
+        },
+    )
+    .await;
+    let s1 = w1.stop().await;
+    let s2 = w2.stop().await;
+    let reqs = bad.requests();
+    let last_failure = reqs[before - 1].at;
+    let probe = reqs[before].at;
+    let next = reqs[before + 1].at;
+    eprintln!(
+        "breaker: {before} requests before opening, probe {:?} after the last failure, \
+         next request {:?} after the probe, {} requests in all; deferred {} + {}",
+        probe - last_failure,
+        next - probe,
+        reqs.len(),
+        s1.deferred,
+        s2.deferred
+    );
+    assert!(
+        probe - last_failure >= cooldown - Duration::from_millis(100),
+        "the probe came {:?} after the last failure (cooldown {cooldown:?})",
+        probe - last_failure
+    );
+    assert!(
+        next - probe >= Duration::from_millis(650),
+        "a second request {:?} after the probe, before the probe answered",
+        next - probe
+    );
+    let (attempts, history) = counted(&db, "bad:").await;
+    assert_eq!(
+        attempts,
+        reqs.len() as i64,
+        "attempts counted = requests made (deferrals are not counted)"
+    );
+    assert_eq!(
+        history, attempts,
+        "one history row per request, none per deferral"
+    );
+    let (state, failures, _) = breaker(&db, &host).await.unwrap();
+    assert_eq!((state.as_str(), failures), ("closed", 0));
+    // Every message went with its own key, once per attempt.
+    for i in 0..20 {
+        assert!(!bad.requests_for(&format!("bad:{i}")).is_empty());
+    }
+}
+
+/// A failed probe reopens the circuit with the cooldown doubled, at most `--retry-max`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_probe_doubles_the_cooldown_up_to_retry_max() {
+    let db = TestDb::new().await;
+    let bad = Receiver::start().await;
+    bad.set_default(Reply::Status(503));
+    enqueue_n(&db, "d:", &bad.url("/x"), 10, 100).await;
+    let host = bad.addr.to_string();
+    // retry max is 2 s in the test settings: 0.5 → 1 → 2 → 2.
+    let mut cfg = breaker_config("w", 2, Duration::from_millis(500));
+    cfg.retry.max = Duration::from_secs(2);
+    let w = RunningWorker::start(&db, cfg, test_webhook_config());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<f64>::new()));
+    let cooldown_seen = |want: usize| {
+        let (db, host, seen) = (&db, &host, seen.clone());
+        move || {
+            let seen = seen.clone();
+            async move {
+                if let Some((_, _, Some(c))) = breaker(db, host).await {
+                    let mut seen = seen.lock().unwrap();
+                    if seen.last() != Some(&c) {
+                        seen.push(c);
+                    }
+                }
+                seen.lock().unwrap().len() >= want
+            }
+        }
+    };
+    wait_until(Duration::from_secs(30), "three cooldowns", cooldown_seen(3)).await;
+    assert_eq!(
+        seen.lock().unwrap()[..],
+        [0.5, 1.0, 2.0],
+        "cooldowns after the first opening and two failed probes"
+    );
+    // One more failed probe: the cooldown stays at --retry-max.
+    let n = bad.requests().len();
+    bad.wait_for(n + 1, Duration::from_secs(10)).await;
+    wait_until(
+        Duration::from_secs(10),
+        "open again after the probe",
+        || {
+            let (db, host) = (&db, &host);
+            async move { breaker(db, host).await.is_some_and(|b| b.0 == "open") }
+        },
+    )
+    .await;
+    w.stop().await;
+    let (_, _, c) = breaker(&db, &host).await.unwrap();
+    assert_eq!(c, Some(2.0), "the cooldown is capped at --retry-max");
+    // The gaps between probes grow with the cooldown: one request per opening.
+    let reqs = bad.requests();
+    let gaps: Vec<Duration> = reqs.windows(2).map(|w| w[1].at - w[0].at).collect();
+    let long: Vec<Duration> = gaps
+        .iter()
+        .copied()
+        .filter(|g| *g >= Duration::from_millis(400))
+        .collect();
+    eprintln!("gaps between requests: {gaps:?}");
+    assert!(long.len() >= 2, "gaps {gaps:?}");
+    assert!(long[0] >= Duration::from_millis(450), "gaps {gaps:?}");
+    assert!(long[1] >= Duration::from_millis(950), "gaps {gaps:?}");
+    let (attempts, history) = counted(&db, "d:").await;
+    assert_eq!(attempts, reqs.len() as i64, "only requests are counted");
+    assert_eq!(history, attempts);
+}
+
+/// The claim does not keep picking an open host's rows: with 100 000 of them due and 100
+/// for a healthy host, the opening moves the backlog out of the due index's way once, and
+/// the claim reads the healthy rows (and at most the probe). `outboxd destinations` lists
+/// the host, `status --json` counts it, `--close` brings the backlog back at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_host_with_a_deep_backlog_does_not_make_the_claim_spin() {
+    let db = TestDb::new().await;
+    let bad = Receiver::start().await;
+    bad.set_default(Reply::Status(503));
+    let host = bad.addr.to_string();
+    let c = db.client().await;
+    // A plain INSERT, as an application may write: 100 000 due rows for the failing host.
+    c.execute(
+        "INSERT INTO outbox.messages (message_key, channel, payload, max_attempts) \
+         SELECT 'deep:' || i, 'webhook', jsonb_build_object('url', $1::text, 'body', i), 50 \
+         FROM generate_series(1, 100000) i",
+        &[&bad.url("/deep?sig=s3cret")],
+    )
+    .await
+    .unwrap();
+    let w = RunningWorker::start(
+        &db,
+        breaker_config("w", 1, Duration::from_secs(3600)),
+        test_webhook_config(),
+    );
+    wait_until(Duration::from_secs(60), "the backlog moved past the cooldown", || {
+        let c = &c;
+        async move {
+            c.query_one(
+                "SELECT count(*) FROM outbox.messages WHERE state = 'pending' AND run_after <= now() + interval '1 minute'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+                == 0
+        }
+    })
+    .await;
+    w.stop().await;
+    let sent = bad.requests().len();
+    assert!(sent <= 2, "{sent} requests to the open host");
+
+    // 100 healthy rows, due now.
+    let good = Receiver::start().await;
+    enqueue_n(&db, "ok:", &good.url("/ok"), 100, 3).await;
+    c.batch_execute("ANALYZE outbox.messages").await.unwrap();
+    let plan: Vec<String> = c
+        .query(
+            &format!(
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {}",
+                outboxd::queries::CLAIM
+            ),
+            &[
+                &vec!["webhook".to_owned()],
+                &64i64,
+                &"explain",
+                &30.0f64,
+                &vec![1.0f64],
+                &0.0f64,
+            ],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    eprintln!("claim with 100 000 rows of an open host and 100 healthy:\n{plan}");
+    let claimed: Vec<String> = c
+        .query(
+            "SELECT message_key FROM outbox.messages WHERE state = 'running'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(claimed.len(), 64, "{claimed:?}");
+    assert!(claimed.iter().all(|k| k.starts_with("ok:")), "{claimed:?}");
+    // The due scan stopped after the rows it took: no scan of the open host's backlog.
+    let scanned: Vec<i64> = plan
+        .lines()
+        .filter(|l| l.contains("messages_due_idx"))
+        .filter_map(|l| {
+            let rows = l.split("rows=").nth(1)?;
+            rows.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(!scanned.is_empty(), "the claim uses the due index:\n{plan}");
+    assert!(
+        scanned.iter().all(|n| *n <= 65),
+        "the due index scan read {scanned:?} rows:\n{plan}"
+    );
+
+    // What operators see.
+    let url = db.url();
+    let h = host.clone();
+    let listed = tokio::task::spawn_blocking(move || {
+        run(outboxd(Some(&url)).args(["destinations", "--json"]))
+    })
+    .await
+    .unwrap();
+    assert_eq!(listed.code, Some(0), "{}", listed.stderr);
+    let v: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
+    assert_eq!(v[0]["host"], serde_json::json!(h));
+    assert_eq!(v[0]["state"], "open");
+    assert!(v[0]["open_until"].is_string(), "{v}");
+    assert!(!listed.stdout.contains("s3cret") && !listed.stdout.contains("/deep"));
+    let url = db.url();
+    let st =
+        tokio::task::spawn_blocking(move || run(outboxd(Some(&url)).args(["status", "--json"])))
+            .await
+            .unwrap();
+    let st: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
+    assert_eq!(st["open_destinations"], 1);
+
+    let url = db.url();
+    let h = host.clone();
+    let closed = tokio::task::spawn_blocking(move || {
+        run(outboxd(Some(&url)).args(["destinations", "--close", &h]))
+    })
+    .await
+    .unwrap();
+    assert_eq!(closed.code, Some(0), "{}", closed.stderr);
+    eprintln!("{}", closed.stdout.trim());
+    let due: i64 = c
+        .query_one(
+            "SELECT count(*) FROM outbox.messages WHERE message_key LIKE 'deep:%' \
+             AND state = 'pending' AND run_after <= now()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // Every pushed row is due again; the one or two that were sent wait for their retry.
+    assert!(due >= 100_000 - 2, "{due} of the backlog due again");
+    let (state, failures, _) = breaker(&db, &host).await.unwrap();
+    assert_eq!((state.as_str(), failures), ("closed", 0));
+    let url = db.url();
+    let unknown = tokio::task::spawn_blocking(move || {
+        run(outboxd(Some(&url)).args(["destinations", "--close", "never.example"]))
+    })
+    .await
+    .unwrap();
+    assert_eq!(unknown.code, Some(1), "{}", unknown.stderr);
+    assert_eq!(unknown.stderr_lines().len(), 1, "{}", unknown.stderr);
+}
+
+/// `queries::BREAKER_RECORD` writes what `Circuit::after` says, on every state, count and
+/// batch (and for a destination seen for the first time).
+#[tokio::test]
+async fn the_sql_and_the_code_agree_on_every_breaker_transition() {
+    use outboxd::state::{BreakerBatch, Circuit, Cooldown};
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (threshold, base, max, prior_cooldown) = (3i32, 0.5f64, 2.0f64, 1.0f64);
+    let batches = [
+        (true, 0),
+        (true, 1),
+        (true, 3),
+        (false, 1),
+        (false, 2),
+        (false, 3),
+    ];
+    let mut cases = 0;
+    for prior in [
+        None,
+        Some(Circuit::Closed),
+        Some(Circuit::Open),
+        Some(Circuit::HalfOpen),
+    ] {
+        for before in [0i32, 2] {
+            if prior.is_none() && before > 0 {
+                continue;
+            }
+            for (reset, fails) in batches {
+                c.batch_execute("DELETE FROM outbox.destinations")
+                    .await
+                    .unwrap();
+                if let Some(p) = prior {
+                    c.execute(
+                        "INSERT INTO outbox.destinations \
+                         (host, state, consecutive_failures, cooldown_seconds, open_until) \
+                         VALUES ('h.example', $1, $2, $3, \
+                                 CASE WHEN $1 <> 'closed' THEN now() + interval '10 s' END)",
+                        &[&p.as_str(), &before, &prior_cooldown],
+                    )
+                    .await
+                    .unwrap();
+                }
+                c.query(
+                    outboxd::queries::BREAKER_RECORD,
+                    &[
+                        &vec!["h.example"],
+                        &vec![reset],
+                        &vec![fails],
+                        &threshold,
+                        &base,
+                        &max,
+                    ],
+                )
+                .await
+                .unwrap();
+                let got = c
+                    .query_opt(
+                        "SELECT state, consecutive_failures, cooldown_seconds, \
+                                extract(epoch FROM open_until - now())::float8 \
+                         FROM outbox.destinations WHERE host = 'h.example'",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .map(|r| {
+                        (
+                            r.get::<_, String>(0),
+                            r.get::<_, i32>(1),
+                            r.get::<_, Option<f64>>(2),
+                            r.get::<_, Option<f64>>(3),
+                        )
+                    });
+                let what =
+                    format!("{prior:?} with {before} failures, batch reset={reset} fails={fails}");
+                let batch = BreakerBatch { reset, fails };
+                let Some(from) = prior else {
+                    // A destination gets a row only when it fails.
+                    if fails == 0 {
+                        assert_eq!(got, None, "{what}");
+                        continue;
+                    }
+                    let (state, failures, cooldown, open_in) = got.expect(&what);
+                    let want = Circuit::Closed.after(0, batch, threshold);
+                    assert_eq!(state, want.circuit.as_str(), "{what}");
+                    assert_eq!(failures, want.failures, "{what}");
+                    assert_eq!(cooldown, Some(base), "{what}");
+                    assert_eq!(open_in.is_some(), want.circuit == Circuit::Open, "{what}");
+                    cases += 1;
+                    continue;
+                };
+                let want = from.after(before, batch, threshold);
+                let (state, failures, cooldown, open_in) = got.expect(&what);
+                assert_eq!(Circuit::parse(&state), Some(want.circuit), "{what}");
+                assert_eq!(failures, want.failures, "{what}");
+                let (want_cooldown, want_open_in) = match want.cooldown {
+                    Cooldown::Base => (base, base),
+                    Cooldown::Kept => (prior_cooldown, 10.0),
+                    Cooldown::Doubled => (
+                        (prior_cooldown * 2.0).min(max),
+                        (prior_cooldown * 2.0).min(max),
+                    ),
+                };
+                assert_eq!(cooldown, Some(want_cooldown), "{what}");
+                match (want.circuit, open_in) {
+                    (Circuit::Open, Some(s)) => {
+                        assert!((s - want_open_in).abs() < 0.5, "{what}: open for {s} s")
+                    }
+                    (Circuit::Open, None) => panic!("{what}: open without open_until"),
+                    (_, s) => assert_eq!(s, None, "{what}"),
+                }
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 41);
+}
