@@ -32,6 +32,9 @@ struct HostView {
     open_until: Option<Instant>,
     /// When a half-open circuit's probe window ends.
     probe_until: Option<Instant>,
+    /// This worker has given a row back to come due when the cooldown ends, to be the
+    /// probe; the others it claims meanwhile wait past the probe's window.
+    probe_row: bool,
 }
 
 /// What the claim loop does with one claimed row.
@@ -54,6 +57,9 @@ pub(super) struct Breakers {
     /// The destination of each claimed row in flight, by id, for the completer.
     inflight: Mutex<HashMap<i64, String>>,
 }
+
+/// How close to the end of a cooldown a claimed row is sent back to be the probe.
+const NEAR: Duration = Duration::from_millis(250);
 
 /// Rows moved by one push or restore statement.
 const BATCH: i64 = 5000;
@@ -115,17 +121,24 @@ impl Breakers {
             })
         };
         let mut view = HashMap::new();
+        let old = std::mem::take(&mut *lock(&self.view));
         for row in rows {
             let host: String = row.get(0);
             let Some(circuit) = Circuit::parse(row.get(1)) else {
                 continue;
             };
+            // Kept across refreshes of the same opening: one probe row per opening.
+            let probe_row = circuit == Circuit::Open
+                && old
+                    .get(&host)
+                    .is_some_and(|o| o.circuit == Circuit::Open && o.probe_row);
             view.insert(
                 host,
                 HostView {
                     circuit,
                     open_until: at(row.get(3)),
                     probe_until: at(row.get(4)),
+                    probe_row,
                 },
             );
         }
@@ -152,6 +165,20 @@ impl Breakers {
                     _ => v.probe_until,
                 };
                 match until {
+                    // One row per opening (and the rows claimed close to its end: this
+                    // view's clock may run a few milliseconds behind the database's) comes
+                    // back just after the cooldown, to be the probe; the others wait past
+                    // the probe's window, so a backlog is given back once per opening.
+                    Some(t)
+                        if t > now
+                            && v.circuit == Circuit::Open
+                            && (!v.probe_row || t - now <= NEAR) =>
+                    {
+                        if let Some(h) = lock(&self.view).get_mut(host) {
+                            h.probe_row = true;
+                        }
+                        Gate::Defer(t - now + Duration::from_millis(5))
+                    }
                     Some(t) if t > now => Gate::Defer(
                         t - now
                             + if v.circuit == Circuit::Open {
@@ -188,6 +215,7 @@ impl Breakers {
                 circuit: Circuit::HalfOpen,
                 open_until: None,
                 probe_until,
+                probe_row: false,
             },
         );
         match taken {
@@ -305,6 +333,7 @@ impl Breakers {
                                 now + Duration::from_secs_f64(open_in.unwrap_or(0.0).min(1e9)),
                             ),
                             probe_until: None,
+                            probe_row: false,
                         },
                     );
                     tokio::spawn(push(pool.clone(), host, self.window));

@@ -154,8 +154,10 @@ async fn a_failing_host_opens_for_everyone_and_one_probe_closes_it() {
         s1.deferred,
         s2.deferred
     );
+    // The last request before the probe may have started up to a poll interval (50 ms)
+    // after the opening, by the worker that had not yet read it, and answered 120 ms later.
     assert!(
-        probe - last_failure >= cooldown - Duration::from_millis(100),
+        probe - last_failure >= cooldown - Duration::from_millis(250),
         "the probe came {:?} after the last failure (cooldown {cooldown:?})",
         probe - last_failure
     );
@@ -243,9 +245,17 @@ async fn a_failed_probe_doubles_the_cooldown_up_to_retry_max() {
     assert!(long.len() >= 2, "gaps {gaps:?}");
     assert!(long[0] >= Duration::from_millis(450), "gaps {gaps:?}");
     assert!(long[1] >= Duration::from_millis(950), "gaps {gaps:?}");
-    let (attempts, history) = counted(&db, "d:").await;
-    assert_eq!(attempts, reqs.len() as i64, "only requests are counted");
-    assert_eq!(history, attempts);
+    // The probes come when the cooldowns end, not a probe window later.
+    assert!(long[0] < Duration::from_millis(1500), "gaps {gaps:?}");
+    assert!(long[1] < Duration::from_millis(2000), "gaps {gaps:?}");
+    // Only requests are counted; the stop may have cut one attempt off before its request
+    // arrived (counted: it had started).
+    let (attempts, _) = counted(&db, "d:").await;
+    let made = reqs.len() as i64;
+    assert!(
+        attempts == made || attempts == made + 1,
+        "{attempts} attempts counted for {made} requests"
+    );
 }
 
 /// The claim does not keep picking an open host's rows: with 100 000 of them due and 100
