@@ -94,15 +94,7 @@ impl Breakers {
             }
             *last = Some(Instant::now());
         }
-        let rows = bounded(async {
-            let client = checkout(pool).await?;
-            client
-                .query(queries::BREAKER_VIEW, &[])
-                .await
-                .map_err(|e| crate::db::describe(&e))
-        })
-        .await;
-        let rows = match rows {
+        let rows = match query(pool, queries::BREAKER_VIEW, &[]).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "reading circuit breakers failed");
@@ -199,14 +191,9 @@ impl Breakers {
 
     async fn take_probe(&self, pool: &Pool, host: &str) -> Gate {
         let window = self.window.as_secs_f64();
-        let taken = bounded(async {
-            let client = checkout(pool).await?;
-            client
-                .query_opt(queries::BREAKER_TAKE_PROBE, &[&host, &window])
-                .await
-                .map_err(|e| crate::db::describe(&e))
-        })
-        .await;
+        let taken = query(pool, queries::BREAKER_TAKE_PROBE, &[&host, &window])
+            .await
+            .map(|rows| rows.into_iter().next());
         let probe_until = Some(Instant::now() + self.window);
         // Won or lost, the host is half-open for a window: the other rows wait for it.
         lock(&self.view).insert(
@@ -292,16 +279,11 @@ impl Breakers {
         let threshold = i32::try_from(self.threshold).unwrap_or(i32::MAX);
         let cooldown = self.cooldown.as_secs_f64();
         let max = self.max_cooldown.as_secs_f64();
-        let rows = bounded(async {
-            let client = checkout(pool).await?;
-            client
-                .query(
-                    queries::BREAKER_RECORD,
-                    &[&hosts, &resets, &fails, &threshold, &cooldown, &max],
-                )
-                .await
-                .map_err(|e| crate::db::describe(&e))
-        })
+        let rows = query(
+            pool,
+            queries::BREAKER_RECORD,
+            &[&hosts, &resets, &fails, &threshold, &cooldown, &max],
+        )
         .await;
         let rows = match rows {
             Ok(r) => r,
@@ -351,22 +333,40 @@ impl Breakers {
     }
 }
 
+/// One statement of the breakers on a pooled connection, bounded in time; failures as one
+/// line (the breakers never stop deliveries: a failed read or write is logged and skipped).
+async fn query(
+    pool: &Pool,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>, String> {
+    bounded(async {
+        let client = checkout(pool).await?;
+        client
+            .query(sql, params)
+            .await
+            .map_err(|e| crate::db::describe(&e))
+    })
+    .await
+}
+
 /// Pushes an open host's backlog past its cooldown, in batches, off the hot path.
 async fn push(pool: Pool, host: String, window: Duration) {
     let window = window.as_secs_f64();
     let mut total = 0i64;
     let mut after = 0i64;
     loop {
-        let moved = bounded(async {
-            let client = checkout(&pool).await?;
-            client
-                .query_one(queries::BREAKER_PUSH, &[&host, &window, &BATCH, &after])
-                .await
-                .map(|r| (r.get::<_, i64>(0), r.get::<_, Option<i64>>(1)))
-                .map_err(|e| crate::db::describe(&e))
-        })
+        let moved = query(
+            &pool,
+            queries::BREAKER_PUSH,
+            &[&host, &window, &BATCH, &after],
+        )
         .await;
-        match moved {
+        match moved.map(|rows| {
+            rows.first().map_or((0, None), |r| {
+                (r.get::<_, i64>(0), r.get::<_, Option<i64>>(1))
+            })
+        }) {
             Ok((n, last)) => {
                 total += n;
                 match last {
