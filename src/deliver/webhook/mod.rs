@@ -16,15 +16,17 @@ pub mod payload;
 pub mod reconcile;
 pub mod settings;
 pub mod signing;
+pub mod urls;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use reqwest::header::HeaderValue;
 
 use self::classify::{classify_error, parse_retry_after};
-use self::payload::{Request, parse_payload};
+use self::payload::{Request, parse_payload_with};
 use self::settings::{SigningKeys, WebhookConfig};
 use self::signing::signatures;
+use self::urls::UrlCache;
 use super::guard::{Guard, GuardedResolver};
 use super::{Attempted, Delivered, DeliveryError, Outgoing};
 use crate::model::{ConfigError, ErrorClass};
@@ -40,6 +42,8 @@ pub struct WebhookSender {
     resolver: GuardedResolver,
     signing: std::sync::Arc<SigningKeys>,
     timeout: Duration,
+    /// Payload URLs parsed before, shared by every clone of the sender.
+    urls: std::sync::Arc<UrlCache>,
 }
 
 /// The host of a URL, for error messages (never the path or query, which often carry
@@ -103,6 +107,7 @@ impl WebhookSender {
             resolver,
             signing: std::sync::Arc::new(cfg.signing.clone()),
             timeout: cfg.timeout,
+            urls: std::sync::Arc::new(UrlCache::default()),
         })
     }
 
@@ -139,7 +144,7 @@ impl WebhookSender {
     /// Checks the payload and both destinations as far as can be done without a request:
     /// a bad URL, scheme or literal address is `invalid` before anything is sent.
     fn prepare<'a>(&self, msg: Outgoing<'a>) -> Result<Prepared<'a>, DeliveryError> {
-        let req = parse_payload(msg.payload)?;
+        let req = parse_payload_with(msg.payload, Some(&self.urls))?;
         if let Some(name) = &req.secret {
             if self.signing.for_name(Some(name)).is_none() {
                 // The name is letters, digits and _ (parse_payload): safe to show.
