@@ -239,14 +239,21 @@ impl WebhookSender {
             HeaderValue::from_static("application/json"),
         );
         let store = p.req.store_response;
-        let result = self
+        // The headers are put in the built request whole: `RequestBuilder::headers` would
+        // copy them one by one into the request's own empty map, growing it twice.
+        let result = match self
             .client
             .request(p.req.method, p.req.url)
-            .headers(headers)
             .body(p.req.body)
             .timeout(left)
-            .send()
-            .await;
+            .build()
+        {
+            Ok(mut request) => {
+                *request.headers_mut() = headers;
+                self.client.execute(request).await
+            }
+            Err(e) => Err(e),
+        };
         let mut response = match result {
             Ok(r) => r,
             Err(e) => return Err(classify_error(e, &host, self.timeout)),
