@@ -90,6 +90,12 @@ impl WebhookSender {
         let resolver = GuardedResolver::new(guard.clone());
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
+            // The client never sends a request again on its own: every attempt is counted
+            // in the message's budget before it starts. (reqwest's default replays only
+            // HTTP/2 and HTTP/3 refusals, which this build does not speak, but its retry
+            // layer still copied every request's headers and body in case it would; with
+            // no retries allowed it copies nothing.)
+            .retry(reqwest::retry::never().max_retries_per_request(0))
             .no_proxy()
             .timeout(cfg.timeout)
             // A connect that times out sent nothing (transient); keep it distinct from the
