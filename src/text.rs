@@ -31,6 +31,13 @@ pub fn is_unsafe(c: char) -> bool {
         )
 }
 
+/// Does `s` hold an [unsafe](is_unsafe) character? Printable ASCII (what keys, hosts and
+/// the daemon's own messages are made of) is checked a byte at a time; only text with
+/// other bytes is decoded. Every field of every log line passes here.
+fn has_unsafe(s: &str) -> bool {
+    !s.bytes().all(|b| (0x20..0x7f).contains(&b)) && s.chars().any(is_unsafe)
+}
+
 /// Writes the visible form of one unsafe character: `\n`, `\r`, `\t`, else `\u{hex}`
 /// (Rust's escape syntax, e.g. `\u{1b}` for ESC).
 fn write_escape(out: &mut impl fmt::Write, c: char) -> fmt::Result {
@@ -46,7 +53,7 @@ fn write_escape(out: &mut impl fmt::Write, c: char) -> fmt::Result {
 /// when there is none (the usual case). Other text, a backslash included, is unchanged, so
 /// an ordinary key prints exactly as it is stored.
 pub fn escape(s: &str) -> Cow<'_, str> {
-    if !s.chars().any(is_unsafe) {
+    if !has_unsafe(s) {
         return Cow::Borrowed(s);
     }
     Cow::Owned(Escaped(s).to_string())
@@ -88,6 +95,9 @@ pub struct Escaped<'a>(pub &'a str);
 
 impl fmt::Display for Escaped<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !has_unsafe(self.0) {
+            return f.write_str(self.0);
+        }
         let mut rest = self.0;
         while let Some(i) = rest.find(is_unsafe) {
             f.write_str(&rest[..i])?;

@@ -16,15 +16,17 @@ pub mod payload;
 pub mod reconcile;
 pub mod settings;
 pub mod signing;
+pub mod urls;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use reqwest::header::HeaderValue;
 
 use self::classify::{classify_error, parse_retry_after};
-use self::payload::{Request, parse_payload};
+use self::payload::{Request, parse_payload_with};
 use self::settings::{SigningKeys, WebhookConfig};
 use self::signing::signatures;
+use self::urls::UrlCache;
 use super::guard::{Guard, GuardedResolver};
 use super::{Attempted, Delivered, DeliveryError, Outgoing};
 use crate::model::{ConfigError, ErrorClass};
@@ -40,6 +42,8 @@ pub struct WebhookSender {
     resolver: GuardedResolver,
     signing: std::sync::Arc<SigningKeys>,
     timeout: Duration,
+    /// Payload URLs parsed before, shared by every clone of the sender.
+    urls: std::sync::Arc<UrlCache>,
 }
 
 /// The host of a URL, for error messages (never the path or query, which often carry
@@ -86,6 +90,12 @@ impl WebhookSender {
         let resolver = GuardedResolver::new(guard.clone());
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
+            // The client never sends a request again on its own: every attempt is counted
+            // in the message's budget before it starts. (reqwest's default replays only
+            // HTTP/2 and HTTP/3 refusals, which this build does not speak, but its retry
+            // layer still copied every request's headers and body in case it would; with
+            // no retries allowed it copies nothing.)
+            .retry(reqwest::retry::never().max_retries_per_request(0))
             .no_proxy()
             .timeout(cfg.timeout)
             // A connect that times out sent nothing (transient); keep it distinct from the
@@ -103,6 +113,7 @@ impl WebhookSender {
             resolver,
             signing: std::sync::Arc::new(cfg.signing.clone()),
             timeout: cfg.timeout,
+            urls: std::sync::Arc::new(UrlCache::default()),
         })
     }
 
@@ -139,7 +150,7 @@ impl WebhookSender {
     /// Checks the payload and both destinations as far as can be done without a request:
     /// a bad URL, scheme or literal address is `invalid` before anything is sent.
     fn prepare<'a>(&self, msg: Outgoing<'a>) -> Result<Prepared<'a>, DeliveryError> {
-        let req = parse_payload(msg.payload)?;
+        let req = parse_payload_with(msg.payload, Some(&self.urls))?;
         if let Some(name) = &req.secret {
             if self.signing.for_name(Some(name)).is_none() {
                 // The name is letters, digits and _ (parse_payload): safe to show.
@@ -234,14 +245,21 @@ impl WebhookSender {
             HeaderValue::from_static("application/json"),
         );
         let store = p.req.store_response;
-        let result = self
+        // The headers are put in the built request whole: `RequestBuilder::headers` would
+        // copy them one by one into the request's own empty map, growing it twice.
+        let result = match self
             .client
             .request(p.req.method, p.req.url)
-            .headers(headers)
             .body(p.req.body)
             .timeout(left)
-            .send()
-            .await;
+            .build()
+        {
+            Ok(mut request) => {
+                *request.headers_mut() = headers;
+                self.client.execute(request).await
+            }
+            Err(e) => Err(e),
+        };
         let mut response = match result {
             Ok(r) => r,
             Err(e) => return Err(classify_error(e, &host, self.timeout)),

@@ -6,6 +6,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::urls::UrlCache;
 use crate::deliver::DeliveryError;
 
 /// Headers the worker sets itself; a payload may not override them.
@@ -18,6 +19,12 @@ const RESERVED_HEADERS: [&str; 7] = [
     "webhook-timestamp",
     "webhook-signature",
 ];
+
+/// The header map's first capacity: the seven headers the map ends up with on every
+/// request (the five of [`RESERVED_HEADERS`] the worker sets, all but `content-length`
+/// and `host`, which hyper writes; the client's `user-agent` and `accept`) and a few of
+/// the application's.
+const HEADER_ROOM: usize = 12;
 
 /// The webhook payload, as the contract has it.
 #[derive(Deserialize)]
@@ -52,13 +59,22 @@ pub struct Request {
 }
 
 /// Parses a destination URL (`field` names it in errors): http or https, with a host.
-fn parse_url(field: &str, value: Option<serde_json::Value>) -> Result<url::Url, DeliveryError> {
+/// Through `urls` when given (the sender's cache), else parsed afresh.
+fn parse_url(
+    field: &str,
+    value: Option<serde_json::Value>,
+    urls: Option<&UrlCache>,
+) -> Result<url::Url, DeliveryError> {
     let url = match value {
         Some(serde_json::Value::String(s)) => s,
         _ => return Err(DeliveryError::invalid(format!("{field} must be a string"))),
     };
-    let url = url::Url::parse(&url)
-        .map_err(|e| DeliveryError::invalid(format!("{field} is not a valid URL ({e})")))?;
+    let parsed = match urls {
+        Some(cache) => cache.parse(&url),
+        None => url::Url::parse(&url),
+    };
+    let url =
+        parsed.map_err(|e| DeliveryError::invalid(format!("{field} is not a valid URL ({e})")))?;
     if url.scheme() != "http" && url.scheme() != "https" {
         return Err(DeliveryError::invalid(format!(
             "{field} scheme {:?} is not allowed (only http and https)",
@@ -73,11 +89,14 @@ fn parse_url(field: &str, value: Option<serde_json::Value>) -> Result<url::Url, 
 
 /// `reconcile`: absent or null, or an object with a string `url` (other members are
 /// ignored, so a provider's lookup can grow settings later).
-fn parse_reconcile(value: Option<serde_json::Value>) -> Result<Option<url::Url>, DeliveryError> {
+fn parse_reconcile(
+    value: Option<serde_json::Value>,
+    urls: Option<&UrlCache>,
+) -> Result<Option<url::Url>, DeliveryError> {
     match value {
         None | Some(serde_json::Value::Null) => Ok(None),
         Some(serde_json::Value::Object(mut map)) => {
-            parse_url("payload.reconcile.url", map.remove("url")).map(Some)
+            parse_url("payload.reconcile.url", map.remove("url"), urls).map(Some)
         }
         Some(_) => Err(DeliveryError::invalid(
             "payload.reconcile must be an object with a string url",
@@ -88,9 +107,17 @@ fn parse_reconcile(value: Option<serde_json::Value>) -> Result<Option<url::Url>,
 /// Checks a webhook payload (jsonb text) and turns it into a request, or says why it is
 /// invalid. The message names fields, never values.
 pub fn parse_payload(payload: &str) -> Result<Request, DeliveryError> {
+    parse_payload_with(payload, None)
+}
+
+/// [`parse_payload`], its URLs parsed through `urls` (the sender's cache) when given.
+pub fn parse_payload_with(
+    payload: &str,
+    urls: Option<&UrlCache>,
+) -> Result<Request, DeliveryError> {
     let p: Payload<'_> = serde_json::from_str(payload)
         .map_err(|_| DeliveryError::invalid("payload is not a JSON object of the webhook shape"))?;
-    let url = parse_url("payload.url", p.url)?;
+    let url = parse_url("payload.url", p.url, urls)?;
     let method = match p.method {
         None | Some(serde_json::Value::Null) => reqwest::Method::POST,
         Some(serde_json::Value::String(m)) => match m.to_ascii_uppercase().as_str() {
@@ -105,7 +132,8 @@ pub fn parse_payload(payload: &str) -> Result<Request, DeliveryError> {
         },
         Some(_) => return Err(DeliveryError::invalid("payload.method must be a string")),
     };
-    let mut headers = HeaderMap::new();
+    // One allocation for every header of the request, where an empty map grew on the way.
+    let mut headers = HeaderMap::with_capacity(HEADER_ROOM);
     match p.headers {
         None | Some(serde_json::Value::Null) => {}
         Some(serde_json::Value::Object(map)) => {
@@ -144,7 +172,7 @@ pub fn parse_payload(payload: &str) -> Result<Request, DeliveryError> {
             ));
         }
     }
-    let reconcile = parse_reconcile(p.reconcile)?;
+    let reconcile = parse_reconcile(p.reconcile, urls)?;
     let store_response = match p.store_response {
         None | Some(serde_json::Value::Null) => false,
         Some(serde_json::Value::Bool(b)) => b,
