@@ -205,6 +205,7 @@ async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<F
                 .await?;
             client.batch_execute("CHECKPOINT").await?;
             let pg0 = pg_cpu(pm);
+            let sink0 = sink_requests(&o.sink_status)?;
             stdin.write_all(b"go\n").await?;
             stdin.flush().await?;
             let line = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
@@ -212,6 +213,12 @@ async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<F
                 .context("peer: no result within 300 s")??
                 .context("peer exited without a result")?;
             let pg = pg_cpu(pm) - pg0;
+            // Every job must have made its POST: a peer that drained its queue without
+            // reaching the sink would otherwise look fast.
+            let sent = sink_requests(&o.sink_status)? - sink0;
+            if sent < o.n as u64 {
+                bail!("peer: the sink saw {sent} requests for {} jobs", o.n);
+            }
             // "peer: drained N jobs in S s = R/s; cpu U s user + K s sys"
             let num_after = |marker: &str| -> anyhow::Result<f64> {
                 let rest = line
