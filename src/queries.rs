@@ -5,19 +5,50 @@
 //! take their statements from here), and each one is exercised against a real database by
 //! the integration tests.
 
-/// Run once on every pooled connection (the worker's claims and completions): JIT off.
-/// PostgreSQL compiles a statement with LLVM when its estimated cost passes `jit_above_cost`;
-/// on a table holding millions of rows the claim's estimate does, and compiling it took
-/// tens of milliseconds on every execution, twenty times the claim itself. Short statements
-/// that touch a few dozen rows never gain from JIT.
+/// Run once on every pooled connection: JIT off. PostgreSQL compiles a statement with LLVM
+/// when its estimated cost passes `jit_above_cost`; on a table holding millions of rows the
+/// claim's estimate does, and compiling it took tens of milliseconds on every execution,
+/// twenty times the claim itself. Short statements that touch a few dozen rows never gain
+/// from JIT.
 ///
-/// Plans stay PostgreSQL's choice (`plan_cache_mode = auto`), which for the prepared claim and
-/// completion means a custom plan, planned afresh, on every execution. Forcing generic plans
-/// saved that planning, but a generic plan is built once, from the statistics of the moment:
-/// built while the table was empty (a new install), the claim's read-back of the picked ids
-/// became a sequential scan of the whole table, kept until the statistics changed enough
-/// to invalidate it, and commit-to-delivery latency doubled (`bench/RESULTS.md`).
+/// Plans stay PostgreSQL's choice here (`plan_cache_mode = auto`): this is the setup of the
+/// pools that run the operators' and the maintenance's statements, whose best plan depends
+/// on their arguments.
 pub const SESSION_SETUP: &str = "SET jit = off";
+
+/// Run once on each connection of the claim pool: [`SESSION_SETUP`], and generic plans.
+///
+/// Under `plan_cache_mode = auto` the prepared [`CLAIM`] and [`COMPLETE`] got a custom plan,
+/// planned afresh, on every execution: 12 to 14 % of the database's CPU in a drain went to
+/// the planner (`bench/RESULTS.md`, issue 17). Their best plan does not depend on their
+/// arguments (index probes of the primary key and of the due index, whatever the batch),
+/// so a generic plan, made once, is right for them; forcing it cut the database's CPU per
+/// delivery by a sixth.
+///
+/// The hazard of a generic plan is the moment it is made: it sees the table as it was
+/// then. Made on an empty table (a new install, a worker started before the first
+/// enqueue) the claim's update of the picked ids and the completion's are sequential
+/// scans, and they stay so until an `ANALYZE` invalidates the plan, which on a table that
+/// grows by inserts alone can be a long time: commit-to-delivery latency doubled in the
+/// benchmark that found it. The worker therefore throws its prepared statements away every
+/// [`crate::worker::PLAN_REFRESH`] (`Pools::refresh_plans`): the planner reads the table's
+/// real size each time it plans, so the next plan is made from the table as it is now.
+/// Re-preparing costs one round trip a second.
+pub const CLAIM_SETUP: &str = "SET jit = off; SET plan_cache_mode = force_generic_plan";
+
+/// Run once on each connection of the completion pool: [`CLAIM_SETUP`], and commits that do
+/// not wait for the WAL flush (`synchronous_commit = off`).
+///
+/// A completion lost in a database crash is a case the model already has: the row stays
+/// `running` under its lease, the lease expires, and the attempt is settled as ambiguous
+/// (sent again with the same idempotency key, reconciled first if it names a lookup, or
+/// dead-lettered when the message does not allow ambiguous retries), exactly as when the
+/// worker dies after sending and before recording. Only a crash of PostgreSQL itself loses
+/// such commits (at most about three `wal_writer_delay`s of them), never a crash of the
+/// worker, and never a committed claim: the claim stays durable, since an attempt must be
+/// counted before it is sent. ARCHITECTURE.md's decisions give the whole argument.
+pub const COMPLETION_SETUP: &str =
+    "SET jit = off; SET plan_cache_mode = force_generic_plan; SET synchronous_commit = off";
 
 /// Health probe (`GET /healthz`): succeeds while the database answers on a pooled
 /// connection. Reads nothing.

@@ -57,7 +57,10 @@ pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
     let (worker_cfg, webhook_cfg, email_cfg) = worker_settings(&args, env)?;
     let pg = env.database()?;
     // Connections: claims, completions, and the odd status query; LISTEN has its own.
-    let pool = crate::db::pool(&pg, 4)?;
+    // Claims and completions have pools of their own (`worker::Pools`); this one serves
+    // the rest of the worker, the metrics endpoint and retention.
+    let pools = crate::worker::Pools::new(&pg, 4)?;
+    let pool = pools.general.clone();
     if let Some(addr) = args.metrics_addr {
         let handle = crate::metrics::install()?;
         crate::metrics::serve(addr, pool.clone(), handle).await?;
@@ -76,7 +79,7 @@ pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
         Duration::from_secs(600),
         retention_stop.clone(),
     ));
-    let worker = Worker::new(pool, worker_cfg, deliverers, Some(pg));
+    let worker = Worker::new(pools, worker_cfg, deliverers, Some(pg));
     let result = worker.run(stop.cancelled_owned()).await;
     retention_stop.cancel();
     let _ = retention.await;

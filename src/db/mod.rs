@@ -91,6 +91,16 @@ pub fn parse_url(url: &str) -> Result<Database, ConfigError> {
 /// return and replaced on the next checkout, which is how the worker reconnects. Each new
 /// connection runs [`crate::queries::SESSION_SETUP`] first.
 pub fn pool(db: &Database, size: usize) -> Result<Pool, ConfigError> {
+    pool_with_setup(db, size, crate::queries::SESSION_SETUP)
+}
+
+/// [`pool`] whose connections each run `setup` (one of the session setups of
+/// [`crate::queries`]) when they are made.
+pub fn pool_with_setup(
+    db: &Database,
+    size: usize,
+    setup: &'static str,
+) -> Result<Pool, ConfigError> {
     let mgr = Manager::from_config(
         db.config.clone(),
         db.tls.clone(),
@@ -99,10 +109,10 @@ pub fn pool(db: &Database, size: usize) -> Result<Pool, ConfigError> {
         },
     );
     Pool::builder(mgr)
-        .post_create(Hook::async_fn(|client, _| {
+        .post_create(Hook::async_fn(move |client, _| {
             Box::pin(async move {
                 client
-                    .batch_execute(crate::queries::SESSION_SETUP)
+                    .batch_execute(setup)
                     .await
                     .map_err(HookError::Backend)
             })

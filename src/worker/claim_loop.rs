@@ -36,6 +36,9 @@ pub(super) struct ClaimLoop {
     lanes: Vec<Lane>,
     tasks: JoinSet<()>,
     db_backoff: Backoff,
+    /// When the claim and completion pools last threw their plans away
+    /// ([`super::PLAN_REFRESH`]).
+    plans_made: Instant,
 }
 
 /// What one round of claims found.
@@ -85,6 +88,7 @@ impl ClaimLoop {
             idle_tx,
             tasks: JoinSet::new(),
             db_backoff: Backoff::new(),
+            plans_made: Instant::now(),
         }
     }
 
@@ -138,7 +142,15 @@ impl ClaimLoop {
     ) -> Option<Round> {
         let shared = &self.shared;
         let cfg = &shared.cfg;
-        let mut free = self.capacity.saturating_sub(self.tasks.len());
+        // A claimed row holds its place until the completer has recorded its outcome, not
+        // only until its task ends: what the breakers learn from an outcome (`record`, run
+        // by the completer before it frees the places) is then known before the places it
+        // frees are claimed again. Counting tasks instead let a fast claim loop send a
+        // failing host several more requests while the first failure was still being
+        // written (with `--breaker-threshold 1`, up to 30 instead of at most 2).
+        let mut free = self
+            .capacity
+            .saturating_sub(shared.inflight.load(Ordering::SeqCst));
         let mut round = Round {
             claimed_any: false,
             full: false,
@@ -149,6 +161,10 @@ impl ClaimLoop {
             .breakers
             .refresh(&shared.pool, cfg.poll_interval)
             .await;
+        if self.plans_made.elapsed() >= super::PLAN_REFRESH {
+            shared.pools.refresh_plans();
+            self.plans_made = Instant::now();
+        }
         for lane in &mut self.lanes {
             let room = free.min(lane.room());
             // With a backlog, wait until a useful number of slots is free so each claim
@@ -170,7 +186,7 @@ impl ClaimLoop {
                 biased;
                 _ = shutdown.as_mut() => return None,
                 r = bounded(async {
-                    let client = checkout(&shared.pool).await?;
+                    let client = checkout(&shared.pools.claims).await?;
                     claim::claim_cached(
                         &client,
                         &lane.channels,

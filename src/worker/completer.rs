@@ -15,20 +15,21 @@ use crate::claim::{self, Completion};
 use crate::model::{AttemptOutcome, ErrorClass};
 use crate::support::lock;
 
-/// Runs a database write (`$op`, an expression using `$client`) until it succeeds, backing
-/// off between tries; gives up (None) only when `$stop` fires: shutdown past its grace.
+/// Runs a database write (`$op`, an expression using `$client`, a connection of `$pool`)
+/// until it succeeds, backing off between tries; gives up (None) only when `$stop` fires:
+/// shutdown past its grace.
 ///
 /// A macro, not backon's `Retryable`: the operation borrows a client checked out inside
 /// each try across its await, which a closure returning a future cannot name without
 /// boxing; the schedule itself is backon's ([`Backoff`]).
 macro_rules! retry_db {
-    ($shared:expr, $stop:expr, $what:literal, |$client:ident| $op:expr) => {{
+    ($pool:expr, $stop:expr, $what:literal, |$client:ident| $op:expr) => {{
         let mut backoff = Backoff::new();
         loop {
             // Bounded, and raced against the hard stop, so that neither a silent database
             // nor shutdown can leave the completer stuck inside a write.
             let attempt = bounded(async {
-                let obj = checkout(&$shared.pool).await?;
+                let obj = checkout(&$pool).await?;
                 let $client: &deadpool_postgres::Client = &obj;
                 $op.await.map_err(|e| crate::db::describe(&e))
             });
@@ -82,9 +83,12 @@ pub(super) async fn completer(
         }
         let n = completions.len() + releases.len() + deferrals.len();
         if !completions.is_empty() {
-            let recorded = retry_db!(shared, hard_stop, "recording attempts", |client| {
-                claim::complete_cached(client, &shared.cfg.worker_id, &completions)
-            });
+            let recorded = retry_db!(
+                shared.pools.completions,
+                hard_stop,
+                "recording attempts",
+                |client| { claim::complete_cached(client, &shared.cfg.worker_id, &completions) }
+            );
             // Counted whether or not the lease was still ours: the request was made.
             shared.breakers.record(&shared.pool, &completions).await;
             match recorded {
@@ -102,7 +106,7 @@ pub(super) async fn completer(
                 .chain(deferrals.iter().map(|d| d.id)),
         );
         if !releases.is_empty() {
-            let released = retry_db!(shared, hard_stop, "releasing messages", |client| {
+            let released = retry_db!(shared.pool, hard_stop, "releasing messages", |client| {
                 claim::release(&***client, &shared.cfg.worker_id, &releases)
             });
             if let Some(ids) = released {
@@ -121,7 +125,7 @@ pub(super) async fn completer(
                 .iter()
                 .map(|d| (d.id, d.lease_token, d.deferral.delay))
                 .collect();
-            let deferred = retry_db!(shared, hard_stop, "deferring messages", |client| {
+            let deferred = retry_db!(shared.pool, hard_stop, "deferring messages", |client| {
                 claim::defer(&***client, &rows)
             });
             if let Some(ids) = deferred {

@@ -21,7 +21,8 @@
 //!
 //! The rooms: `claim_loop` (the loop's steps), `lane` (which channels a claim asks
 //! for), `attempt` (one delivery task), `completer` (batched writes and the attempt log),
-//! `wakeup` (LISTEN and the idle mark), `db_call` (bounded database calls, back-off), and
+//! `wakeup` (LISTEN and the idle mark), `db_call` (bounded database calls, back-off), `pools`
+//! (which connections run which statements, and with what settings), and
 //! [`maintenance`] (retention, beside the loop).
 //!
 //! Database errors anywhere are logged and retried with back-off; nothing is dropped.
@@ -37,7 +38,10 @@ mod db_call;
 mod destinations;
 mod lane;
 pub mod maintenance;
+mod pools;
 mod wakeup;
+
+pub use pools::{PLAN_REFRESH, Pools};
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -95,7 +99,10 @@ pub enum WorkerError {
 /// State shared by the loop, the delivery tasks and the completer.
 struct Shared {
     cfg: WorkerConfig,
+    /// For everything but the claims and the completions.
     pool: Pool,
+    /// The claims' and the completions' pools (`pools::Pools`).
+    pools: Pools,
     deliverers: Deliverers,
     /// Wakes the claim loop: a notification, a freed slot, a flushed completion.
     wake: Notify,
@@ -144,15 +151,17 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker using `pool` for claims and completions. `listen`: connection settings for
-    /// the LISTEN connection (None polls only).
+    /// A worker using `pools` (a [`Pools`], or one pool for everything) for its
+    /// statements. `listen`: connection settings for the LISTEN connection (None polls
+    /// only).
     pub fn new(
-        pool: Pool,
+        pools: impl Into<Pools>,
         cfg: WorkerConfig,
         deliverers: Deliverers,
         listen: Option<crate::db::Database>,
     ) -> Self {
         let listen = if cfg.listen { listen } else { None };
+        let pools = pools.into();
         let gates = destinations::Gates::new(cfg.limits.clone(), deliverers.webhook.timeout());
         let breakers = breakers::Breakers::new(&cfg, deliverers.webhook.timeout());
         Worker {
@@ -160,7 +169,8 @@ impl Worker {
                 gates,
                 alarms: Mutex::new(BinaryHeap::new()),
                 cfg,
-                pool,
+                pool: pools.general.clone(),
+                pools,
                 deliverers,
                 wake: Notify::new(),
                 inflight: AtomicUsize::new(0),

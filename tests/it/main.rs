@@ -23,6 +23,7 @@ mod leases;
 mod ops;
 mod ordering;
 mod pg_tls;
+mod pools;
 mod privileges;
 mod properties;
 mod reconcile;

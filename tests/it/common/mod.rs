@@ -290,12 +290,14 @@ impl RunningWorker {
         webhook: WebhookConfig,
         email: Option<EmailConfig>,
     ) -> RunningWorker {
-        let pool = db.pool(4);
+        // The pools `outboxd run` makes, so the suite runs the claims and completions with
+        // the settings production gives them.
+        let pools = outboxd::worker::Pools::new(&db.database(), 4).expect("pools");
         let deliverers = Deliverers {
             webhook: WebhookSender::new(&webhook).expect("webhook sender"),
             email: email.map(|e| EmailSender::new(&e).expect("email sender")),
         };
-        let worker = Worker::new(pool, cfg, deliverers, Some(db.database()));
+        let worker = Worker::new(pools, cfg, deliverers, Some(db.database()));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let handle = tokio::spawn(async move {
             worker

@@ -1,0 +1,119 @@
+//! The worker's connections (`worker::Pools`): the session settings each pool runs its
+//! statements with, and the claim's generic plan, remade from the table as it is now.
+
+use std::time::Duration;
+
+use outboxd::model::Channel;
+use outboxd::retry::RetryPolicy;
+use outboxd::worker::Pools;
+
+use crate::common::*;
+
+/// `plan_cache_mode`, `synchronous_commit` and `jit` of one connection of `pool`.
+async fn settings(pool: &deadpool_postgres::Pool) -> (String, String, String) {
+    let c = pool.get().await.unwrap();
+    let row = c
+        .query_one(
+            "SELECT current_setting('plan_cache_mode'), current_setting('synchronous_commit'), \
+             current_setting('jit')",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+/// Completions may commit without waiting for the WAL flush (a lost completion is an
+/// expired lease, which the model settles), but claims may not: an attempt is counted, durably,
+/// before anything is sent. Operators' and maintenance statements keep every default but JIT.
+#[tokio::test]
+async fn claims_commit_durably_and_only_completions_do_not_wait_for_the_flush() {
+    let db = TestDb::new().await;
+    // The server's default, whatever the test cluster runs with (new connections read it).
+    db.client()
+        .await
+        .batch_execute("DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = on', current_database()); END $$")
+        .await
+        .unwrap();
+    let pools = Pools::new(&db.database(), 2).unwrap();
+    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned(), "off".to_owned());
+    assert_eq!(settings(&pools.claims).await, s("force_generic_plan", "on"));
+    assert_eq!(
+        settings(&pools.completions).await,
+        s("force_generic_plan", "off")
+    );
+    assert_eq!(settings(&pools.general).await, s("auto", "on"));
+}
+
+/// The plan that one connection of the claim pool holds for the prepared claim.
+async fn claim_plan(client: &deadpool_postgres::Client) -> String {
+    let name: String = client
+        .query_one(
+            "SELECT name FROM pg_prepared_statements \
+             WHERE statement LIKE '%WITH expired AS%' AND statement NOT LIKE '%pg_prepared%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    client
+        .query(
+            &format!("EXPLAIN (COSTS OFF) EXECUTE {name}('{{webhook}}', 64, 'w', 30, '{{1}}', 0)"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A generic plan is made once, from the table as it was then: made on an empty table
+/// (a new install, a worker started before the first enqueue) the claim reads the whole
+/// table once it has grown. `Pools::refresh_plans` (which the claim loop calls every
+/// `PLAN_REFRESH`) makes the next plan from the table as it is.
+#[tokio::test]
+async fn the_claims_generic_plan_is_remade_after_the_table_has_grown() {
+    let db = TestDb::new().await;
+    let pools = Pools::new(&db.database(), 1).unwrap();
+    let claims = pools.claims.get().await.unwrap();
+    let claim = |c| async move {
+        outboxd::claim::claim_cached(
+            c,
+            &[Channel::Webhook],
+            64,
+            "w",
+            Duration::from_secs(30),
+            &RetryPolicy::default(),
+        )
+        .await
+        .unwrap()
+    };
+    assert!(claim(&claims).await.claimed.is_empty());
+
+    // The table grows by inserts alone (no ANALYZE): 50 000 delivered messages, 10 due.
+    let c = db.client().await;
+    c.batch_execute(
+        "INSERT INTO outbox.messages (message_key, channel, payload) \
+           SELECT 'old:' || i, 'webhook', jsonb_build_object('url', 'https://example.com/', 'body', i) \
+           FROM generate_series(1, 50000) i; \
+         UPDATE outbox.messages SET state = 'delivered', delivered_at = now(); \
+         INSERT INTO outbox.messages (message_key, channel, payload) \
+           SELECT 'new:' || i, 'webhook', jsonb_build_object('url', 'https://example.com/', 'body', i) \
+           FROM generate_series(1, 10) i;",
+    )
+    .await
+    .unwrap();
+    let stale = claim_plan(&claims).await;
+
+    pools.refresh_plans();
+    let batch = claim(&claims).await;
+    assert_eq!(batch.claimed.len(), 10);
+    let fresh = claim_plan(&claims).await;
+    assert!(
+        !fresh.contains("Seq Scan on messages"),
+        "after the refresh the claim still reads the whole table:\n{fresh}\n(the plan made on the empty table:\n{stale})"
+    );
+    assert_ne!(stale, fresh, "the plan was not made again");
+}
