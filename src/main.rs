@@ -192,20 +192,37 @@ impl tracing::field::Visit for EscapingVisitor<'_> {
         if self.result.is_err() || name.starts_with("log.") {
             return;
         }
-        let text = format!("{value:?}");
-        let shown = outboxd::text::escape(&text);
         let pad = if std::mem::take(&mut self.first) {
             ""
         } else {
             " "
         };
         self.result = match name {
-            "message" => write!(self.writer, "{pad}{shown}"),
+            "message" => write!(self.writer, "{pad}"),
             name => write!(
                 self.writer,
-                "{pad}{}={shown}",
+                "{pad}{}=",
                 name.strip_prefix("r#").unwrap_or(name)
             ),
-        };
+        }
+        // The value streams through the escaping writer: no `String` per field (the
+        // per-attempt line has a dozen fields, and the allocations showed in the profile).
+        .and_then(|()| {
+            std::fmt::Write::write_fmt(
+                &mut EscapingWriter(&mut self.writer),
+                format_args!("{value:?}"),
+            )
+        });
+    }
+}
+
+/// Writes what it is given through [`outboxd::text::Escaped`]. Escaping works character by
+/// character, and each piece a formatter writes is whole characters, so escaping the pieces
+/// one by one gives what escaping the whole value would.
+struct EscapingWriter<'a, 'w>(&'a mut tracing_subscriber::fmt::format::Writer<'w>);
+
+impl std::fmt::Write for EscapingWriter<'_, '_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        write!(self.0, "{}", outboxd::text::Escaped(s))
     }
 }
