@@ -1000,19 +1000,21 @@ async fn latency_run(o: &Opts, rate: u64, total: u64) -> anyhow::Result<(f64, f6
 }
 
 /// `EXPLAIN (ANALYZE, BUFFERS)` of a 64-row claim, rolled back. Prepared and executed with
-/// parameters, as the worker runs it (a custom plan for these parameters, as PostgreSQL
-/// chooses for the worker's prepared claim).
+/// parameters, as the worker runs it: a generic plan, as the worker's claim pool forces.
 async fn explain_claim(client: &Client) -> anyhow::Result<Vec<String>> {
-    client.batch_execute("BEGIN").await?;
+    // The generic plan, as the worker's claim pool makes it (`queries::CLAIM_SETUP`).
+    client
+        .batch_execute("BEGIN; SET LOCAL plan_cache_mode = force_generic_plan")
+        .await?;
     client
         .batch_execute(&format!(
-            "PREPARE bench_claim(text[], bigint, text, float8) AS {}",
+            "PREPARE bench_claim(text[], bigint, text, float8, float8[], float8) AS {}",
             outboxd::queries::CLAIM
         ))
         .await?;
     let rows = client
         .query(
-            "EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim('{webhook}', 64, 'bench', 60)",
+            "EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim('{webhook}', 64, 'bench', 60, '{5}', 0)",
             &[],
         )
         .await?;

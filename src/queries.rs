@@ -16,14 +16,14 @@
 /// on their arguments.
 pub const SESSION_SETUP: &str = "SET jit = off";
 
-/// Run once on each connection of the claim pool: [`SESSION_SETUP`], and generic plans.
+/// Run once on each connection of the claim and completion pools: [`SESSION_SETUP`], and
+/// generic plans.
 ///
 /// Under `plan_cache_mode = auto` the prepared [`CLAIM`] and [`COMPLETE`] got a custom plan,
-/// planned afresh, on every execution: 12 to 14 % of the database's CPU in a drain went to
-/// the planner (`bench/RESULTS.md`, issue 17). Their best plan does not depend on their
-/// arguments (index probes of the primary key and of the due index, whatever the batch),
-/// so a generic plan, made once, is right for them; forcing it cut the database's CPU per
-/// delivery by a sixth.
+/// planned afresh, on every execution. Their best plan does not depend on their arguments
+/// (index probes of the primary key and of the due index, whatever the batch), so a generic
+/// plan, made once, is right for them; forcing it cut the database's CPU per delivery by
+/// about a tenth (53 → 48 µs in `bench/RESULTS.md`, issue 17; a drain 1.07× as fast).
 ///
 /// The hazard of a generic plan is the moment it is made: it sees the table as it was
 /// then. Made on an empty table (a new install, a worker started before the first
@@ -35,20 +35,6 @@ pub const SESSION_SETUP: &str = "SET jit = off";
 /// real size each time it plans, so the next plan is made from the table as it is now.
 /// Re-preparing costs one round trip a second.
 pub const CLAIM_SETUP: &str = "SET jit = off; SET plan_cache_mode = force_generic_plan";
-
-/// Run once on each connection of the completion pool: [`CLAIM_SETUP`], and commits that do
-/// not wait for the WAL flush (`synchronous_commit = off`).
-///
-/// A completion lost in a database crash is a case the model already has: the row stays
-/// `running` under its lease, the lease expires, and the attempt is settled as ambiguous
-/// (sent again with the same idempotency key, reconciled first if it names a lookup, or
-/// dead-lettered when the message does not allow ambiguous retries), exactly as when the
-/// worker dies after sending and before recording. Only a crash of PostgreSQL itself loses
-/// such commits (at most about three `wal_writer_delay`s of them), never a crash of the
-/// worker, and never a committed claim: the claim stays durable, since an attempt must be
-/// counted before it is sent. ARCHITECTURE.md's decisions give the whole argument.
-pub const COMPLETION_SETUP: &str =
-    "SET jit = off; SET plan_cache_mode = force_generic_plan; SET synchronous_commit = off";
 
 /// Health probe (`GET /healthz`): succeeds while the database answers on a pooled
 /// connection. Reads nothing.

@@ -56,7 +56,6 @@ pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
     let stop = shutdown_signal()?;
     let (worker_cfg, webhook_cfg, email_cfg) = worker_settings(&args, env)?;
     let pg = env.database()?;
-    // Connections: claims, completions, and the odd status query; LISTEN has its own.
     // Claims and completions have pools of their own (`worker::Pools`); this one serves
     // the rest of the worker, the metrics endpoint and retention.
     let pools = crate::worker::Pools::new(&pg, 4)?;

@@ -96,7 +96,9 @@ impl ClaimLoop {
     pub(super) async fn run(&mut self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = pin!(shutdown);
         loop {
-            while self.tasks.try_join_next().is_some() {}
+            while let Some(ended) = self.tasks.try_join_next() {
+                self.give_back_if_panicked(ended);
+            }
             let Some(round) = self.claim_round(shutdown.as_mut()).await else {
                 return;
             };
@@ -125,6 +127,22 @@ impl ClaimLoop {
             };
             if stopped {
                 return;
+            }
+        }
+    }
+
+    /// A delivery task that panicked sent no `Done`, so the completer will never give its
+    /// place back: give it back here, or every such panic would cost the loop a place for
+    /// good, until it claimed nothing at all. (Its row keeps its lease, which expires: an
+    /// ambiguous attempt, settled by a later claim.)
+    fn give_back_if_panicked(&self, ended: Result<(), tokio::task::JoinError>) {
+        if let Err(e) = ended {
+            if e.is_panic() {
+                tracing::error!(
+                    "a delivery task panicked; its message is settled when its lease expires"
+                );
+                self.shared.inflight.fetch_sub(1, Ordering::SeqCst);
+                self.shared.wake.notify_one();
             }
         }
     }

@@ -3,10 +3,10 @@
 //!
 //! The claim and the completion run thousands of times a second under a drain, always the
 //! same two prepared statements, and their pools make generic plans for them
-//! ([`crate::queries::CLAIM_SETUP`]); completions also commit without waiting for the WAL
-//! flush ([`crate::queries::COMPLETION_SETUP`]). Everything else (circuit breakers,
-//! releases, deferrals, the maintenance tasks) goes through the general pool with the
-//! default settings: those writes stay durable and their plans follow their arguments.
+//! ([`crate::queries::CLAIM_SETUP`]). Every commit waits for the WAL flush, completions
+//! included (ARCHITECTURE.md, "Decisions worth knowing", says why). Everything else
+//! (circuit breakers, releases, deferrals, the maintenance tasks) goes through the general
+//! pool with the default settings: their plans follow their arguments.
 
 use std::time::Duration;
 
@@ -39,7 +39,7 @@ impl Pools {
         Ok(Pools {
             general: crate::db::pool(db, general)?,
             claims: crate::db::pool_with_setup(db, 2, crate::queries::CLAIM_SETUP)?,
-            completions: crate::db::pool_with_setup(db, 2, crate::queries::COMPLETION_SETUP)?,
+            completions: crate::db::pool_with_setup(db, 2, crate::queries::CLAIM_SETUP)?,
         })
     }
 

@@ -23,11 +23,11 @@ async fn settings(pool: &deadpool_postgres::Pool) -> (String, String, String) {
     (row.get(0), row.get(1), row.get(2))
 }
 
-/// Completions may commit without waiting for the WAL flush (a lost completion is an
-/// expired lease, which the model settles), but claims may not: an attempt is counted, durably,
-/// before anything is sent. Operators' and maintenance statements keep every default but JIT.
+/// Claims and completions run on generic plans; every pool commits durably (claims count an
+/// attempt before it is sent, and a completion once seen must not be undone by a crash of
+/// PostgreSQL); operators' and maintenance statements keep every default but JIT.
 #[tokio::test]
-async fn claims_commit_durably_and_only_completions_do_not_wait_for_the_flush() {
+async fn every_pool_commits_durably_and_only_claims_and_completions_use_generic_plans() {
     let db = TestDb::new().await;
     // The server's default, whatever the test cluster runs with (new connections read it).
     db.client()
@@ -36,13 +36,10 @@ async fn claims_commit_durably_and_only_completions_do_not_wait_for_the_flush() 
         .await
         .unwrap();
     let pools = Pools::new(&db.database(), 2).unwrap();
-    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned(), "off".to_owned());
-    assert_eq!(settings(&pools.claims).await, s("force_generic_plan", "on"));
-    assert_eq!(
-        settings(&pools.completions).await,
-        s("force_generic_plan", "off")
-    );
-    assert_eq!(settings(&pools.general).await, s("auto", "on"));
+    let s = |a: &str| (a.to_owned(), "on".to_owned(), "off".to_owned());
+    assert_eq!(settings(&pools.claims).await, s("force_generic_plan"));
+    assert_eq!(settings(&pools.completions).await, s("force_generic_plan"));
+    assert_eq!(settings(&pools.general).await, s("auto"));
 }
 
 /// The plan that one connection of the claim pool holds for the prepared claim.
