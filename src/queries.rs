@@ -16,7 +16,7 @@
 /// on their arguments.
 pub const SESSION_SETUP: &str = "SET jit = off";
 
-/// Run once on each connection of the claim and completion pools: [`SESSION_SETUP`], and
+/// Run once on each connection of the claims' and completions' pool: [`SESSION_SETUP`], and
 /// generic plans.
 ///
 /// Under `plan_cache_mode = auto` the prepared [`CLAIM`] and [`COMPLETE`] got a custom plan,

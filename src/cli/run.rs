@@ -56,8 +56,8 @@ pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
     let stop = shutdown_signal()?;
     let (worker_cfg, webhook_cfg, email_cfg) = worker_settings(&args, env)?;
     let pg = env.database()?;
-    // Claims and completions have pools of their own (`worker::Pools`); this one serves
-    // the rest of the worker, the metrics endpoint and retention.
+    // Claims and completions have a pool of their own (`worker::Pools`); the general one
+    // serves the rest of the worker, the metrics endpoint and retention.
     let pools = crate::worker::Pools::new(&pg, 4)?;
     let pool = pools.general.clone();
     if let Some(addr) = args.metrics_addr {

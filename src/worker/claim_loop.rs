@@ -36,7 +36,7 @@ pub(super) struct ClaimLoop {
     lanes: Vec<Lane>,
     tasks: JoinSet<()>,
     db_backoff: Backoff,
-    /// When the claim and completion pools last threw their plans away
+    /// When the claims' and completions' pool last threw its plans away
     /// ([`super::PLAN_REFRESH`]).
     plans_made: Instant,
 }
@@ -177,7 +177,7 @@ impl ClaimLoop {
         };
         shared
             .breakers
-            .refresh(&shared.pool, cfg.poll_interval)
+            .refresh(&shared.pools.general, cfg.poll_interval)
             .await;
         if self.plans_made.elapsed() >= super::PLAN_REFRESH {
             shared.pools.refresh_plans();
@@ -204,7 +204,7 @@ impl ClaimLoop {
                 biased;
                 _ = shutdown.as_mut() => return None,
                 r = bounded(async {
-                    let client = checkout(&shared.pools.claims).await?;
+                    let client = checkout(&shared.pools.hot).await?;
                     claim::claim_cached(
                         &client,
                         &lane.channels,
@@ -236,8 +236,10 @@ impl ClaimLoop {
                 // An open circuit: the row goes back unsent and uncounted, without a task
                 // (the delivery task never touches the database).
                 if let Some(host) = &msg.destination {
-                    if let Gate::Defer(delay) =
-                        shared.breakers.gate(&shared.pool, msg.id, host).await
+                    if let Gate::Defer(delay) = shared
+                        .breakers
+                        .gate(&shared.pools.general, msg.id, host)
+                        .await
                     {
                         shared.inflight.fetch_add(1, Ordering::SeqCst);
                         let _ = self
@@ -334,7 +336,7 @@ fn log_expired(shared: &Shared, gave_up: &[claim::GaveUp], deferred: &[claim::De
 
 async fn drain_done(shared: &Shared) -> Result<bool, String> {
     let unfinished = bounded(async {
-        let client = checkout(&shared.pool).await?;
+        let client = checkout(&shared.pools.general).await?;
         claim::has_unfinished(&**client, &shared.cfg.channels)
             .await
             .map_err(|e| crate::db::describe(&e))

@@ -84,13 +84,16 @@ pub(super) async fn completer(
         let n = completions.len() + releases.len() + deferrals.len();
         if !completions.is_empty() {
             let recorded = retry_db!(
-                shared.pools.completions,
+                shared.pools.hot,
                 hard_stop,
                 "recording attempts",
                 |client| { claim::complete_cached(client, &shared.cfg.worker_id, &completions) }
             );
             // Counted whether or not the lease was still ours: the request was made.
-            shared.breakers.record(&shared.pool, &completions).await;
+            shared
+                .breakers
+                .record(&shared.pools.general, &completions)
+                .await;
             match recorded {
                 Some(outcomes) => log_attempts(&shared, &completions, &logs, &outcomes),
                 None => tracing::error!(
@@ -106,9 +109,12 @@ pub(super) async fn completer(
                 .chain(deferrals.iter().map(|d| d.id)),
         );
         if !releases.is_empty() {
-            let released = retry_db!(shared.pool, hard_stop, "releasing messages", |client| {
-                claim::release(&***client, &shared.cfg.worker_id, &releases)
-            });
+            let released = retry_db!(
+                shared.pools.general,
+                hard_stop,
+                "releasing messages",
+                |client| { claim::release(&***client, &shared.cfg.worker_id, &releases) }
+            );
             if let Some(ids) = released {
                 for id in &ids {
                     tracing::info!(
@@ -125,9 +131,12 @@ pub(super) async fn completer(
                 .iter()
                 .map(|d| (d.id, d.lease_token, d.deferral.delay))
                 .collect();
-            let deferred = retry_db!(shared.pool, hard_stop, "deferring messages", |client| {
-                claim::defer(&***client, &rows)
-            });
+            let deferred = retry_db!(
+                shared.pools.general,
+                hard_stop,
+                "deferring messages",
+                |client| { claim::defer(&***client, &rows) }
+            );
             if let Some(ids) = deferred {
                 // Due again in the database from now on; the small margin covers the
                 // difference between the two clocks' "now".

@@ -49,7 +49,6 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::Pool;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -99,9 +98,7 @@ pub enum WorkerError {
 /// State shared by the loop, the delivery tasks and the completer.
 struct Shared {
     cfg: WorkerConfig,
-    /// For everything but the claims and the completions.
-    pool: Pool,
-    /// The claims' and the completions' pools (`pools::Pools`).
+    /// The claims' and completions' pool, and the one for everything else.
     pools: Pools,
     deliverers: Deliverers,
     /// Wakes the claim loop: a notification, a freed slot, a flushed completion.
@@ -169,7 +166,6 @@ impl Worker {
                 gates,
                 alarms: Mutex::new(BinaryHeap::new()),
                 cfg,
-                pool: pools.general.clone(),
                 pools,
                 deliverers,
                 wake: Notify::new(),
@@ -217,7 +213,7 @@ impl Worker {
             (cfg.poll_interval * 20).clamp(Duration::from_secs(1), Duration::from_secs(60));
         let watch_stop = CancellationToken::new();
         let watch = tokio::spawn(maintenance::ordering_watch(
-            shared.pool.clone(),
+            shared.pools.general.clone(),
             watch_every,
             watch_stop.clone(),
         ));

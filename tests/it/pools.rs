@@ -37,12 +37,11 @@ async fn every_pool_commits_durably_and_only_claims_and_completions_use_generic_
         .unwrap();
     let pools = Pools::new(&db.database(), 2).unwrap();
     let s = |a: &str| (a.to_owned(), "on".to_owned(), "off".to_owned());
-    assert_eq!(settings(&pools.claims).await, s("force_generic_plan"));
-    assert_eq!(settings(&pools.completions).await, s("force_generic_plan"));
+    assert_eq!(settings(&pools.hot).await, s("force_generic_plan"));
     assert_eq!(settings(&pools.general).await, s("auto"));
 }
 
-/// The plan that one connection of the claim pool holds for the prepared claim.
+/// The plan that one connection of the hot pool holds for the prepared claim.
 async fn claim_plan(client: &deadpool_postgres::Client) -> String {
     let name: String = client
         .query_one(
@@ -74,7 +73,7 @@ async fn claim_plan(client: &deadpool_postgres::Client) -> String {
 async fn the_claims_generic_plan_is_remade_after_the_table_has_grown() {
     let db = TestDb::new().await;
     let pools = Pools::new(&db.database(), 1).unwrap();
-    let claims = pools.claims.get().await.unwrap();
+    let claims = pools.hot.get().await.unwrap();
     let claim = |c| async move {
         outboxd::claim::claim_cached(
             c,
