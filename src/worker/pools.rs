@@ -27,6 +27,11 @@ pub struct Pools {
     pub general: Pool,
     /// The claim loop's claims and the completer's completions, on generic plans.
     pub hot: Pool,
+    /// Whether `hot` is the worker's own pool, whose prepared statements
+    /// [`Pools::refresh_plans`] may throw away. An application's pool (`From<Pool>`) is not:
+    /// its statement cache holds the application's statements too, and emptying it every
+    /// second would make the application prepare them again and again.
+    remake_plans: bool,
 }
 
 impl Pools {
@@ -36,25 +41,32 @@ impl Pools {
         Ok(Pools {
             general: crate::db::pool(db, general)?,
             hot: crate::db::pool_with_setup(db, 2, crate::queries::CLAIM_SETUP)?,
+            remake_plans: true,
         })
     }
 
     /// Forgets every statement the hot pool prepared; each is prepared again, and its plan
     /// made again, on its next use. Statements in use finish first (each holds its own
-    /// reference).
+    /// reference). Does nothing to an application's pool (`From<Pool>`): its plans are
+    /// PostgreSQL's choice, remade when autovacuum's ANALYZE changes the table's statistics,
+    /// and its cache is the application's.
     pub fn refresh_plans(&self) {
-        self.hot.manager().statement_caches.clear();
+        if self.remake_plans {
+            self.hot.manager().statement_caches.clear();
+        }
     }
 }
 
 /// One pool for everything, with its own settings (an application embedding the worker
 /// with a pool it made): plans stay PostgreSQL's choice unless that pool's setup says
-/// otherwise, and every commit is durable.
+/// otherwise, every commit is durable, and the worker leaves the pool's statement cache
+/// alone.
 impl From<Pool> for Pools {
     fn from(pool: Pool) -> Pools {
         Pools {
             general: pool.clone(),
             hot: pool,
+            remake_plans: false,
         }
     }
 }

@@ -113,3 +113,69 @@ async fn the_claims_generic_plan_is_remade_after_the_table_has_grown() {
     );
     assert_ne!(stale, fresh, "the plan was not made again");
 }
+
+/// Whether `pool`'s connection still has `query` in its statement cache.
+async fn still_cached(pool: &deadpool_postgres::Pool, query: &str) -> bool {
+    let c = pool.get().await.unwrap();
+    c.statement_cache.remove(query, &[]).is_some()
+}
+
+/// An application that embeds the worker with a pool of its own keeps its prepared
+/// statements: the worker throws away only the statements of the pool it made itself
+/// (`Pools::new`), not every second the cache of a pool the application also uses. Both
+/// kinds run side by side for three refresh periods; the worker's own pool is the control
+/// that shows the window was long enough for a refresh.
+#[tokio::test]
+async fn an_applications_own_pool_keeps_its_prepared_statements() {
+    let db = TestDb::new().await;
+    // One connection each, so the statement prepared here is in the cache the worker uses.
+    let app_pool = db.pool(1);
+    let own = Pools::new(&db.database(), 1).unwrap();
+    let own_hot = own.hot.clone();
+    let app_query = "SELECT 42 AS the_applications_statement";
+    let own_query = "SELECT 43 AS prepared_on_the_workers_own_pool";
+    for (pool, query) in [(&app_pool, app_query), (&own_hot, own_query)] {
+        pool.get()
+            .await
+            .unwrap()
+            .prepare_cached(query)
+            .await
+            .unwrap();
+        assert!(still_cached(pool, query).await);
+        pool.get()
+            .await
+            .unwrap()
+            .prepare_cached(query)
+            .await
+            .unwrap();
+    }
+
+    let deliverers = || outboxd::deliver::Deliverers {
+        webhook: outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
+        email: None,
+    };
+    let window = outboxd::worker::PLAN_REFRESH * 3;
+    let embedded = outboxd::worker::Worker::new(
+        app_pool.clone(),
+        test_worker_config("embedded"),
+        deliverers(),
+        None,
+    );
+    let standalone =
+        outboxd::worker::Worker::new(own, test_worker_config("standalone"), deliverers(), None);
+    let (a, b) = tokio::join!(
+        embedded.run(tokio::time::sleep(window)),
+        standalone.run(tokio::time::sleep(window))
+    );
+    a.unwrap();
+    b.unwrap();
+
+    assert!(
+        !still_cached(&own_hot, own_query).await,
+        "the worker's own pool kept its statements for {window:?}: no refresh ran, so this test shows nothing"
+    );
+    assert!(
+        still_cached(&app_pool, app_query).await,
+        "the worker emptied the statement cache of the application's pool"
+    );
+}
