@@ -40,6 +40,16 @@ pub(super) struct Deferred {
 }
 
 impl Done {
+    /// Whether this result gives its place back as soon as it is handed to the completer,
+    /// not only once the completer has recorded it. Only a delivery does: the places held
+    /// until recorded are there so that the breakers count a failure before its place is
+    /// claimed again (ARCHITECTURE.md, "A claimed row holds its place…"), and a success
+    /// opens no breaker. Holding a success's place through the completer's commit left
+    /// places idle in a healthy drain, where nearly every result is a success.
+    pub(super) fn frees_place_when_sent(&self) -> bool {
+        matches!(self, Done::Completed(c, _) if c.transition.error_class().is_none())
+    }
+
     /// Defers `msg` for `reason`, due again after `delay`.
     pub(super) fn deferred(msg: Claimed, reason: DeferReason, delay: Duration) -> Done {
         Done::Deferred(Deferred {
@@ -88,7 +98,10 @@ pub(super) fn spawn_attempt(
         };
         // Keep the slot until the completer has room: that is the backpressure that stops
         // claims while the database cannot keep up.
-        let _ = tx.send(done).await;
+        let frees_place = done.frees_place_when_sent();
+        if tx.send(done).await.is_ok() && frees_place {
+            shared.inflight.fetch_sub(1, Ordering::SeqCst);
+        }
         drop(permit);
         drop(in_lane);
         shared.wake.notify_one();
@@ -366,5 +379,60 @@ mod tests {
                 &tp[3..35]
             );
         });
+    }
+
+    /// Only a delivery gives its place back when its task hands it over; every other result
+    /// keeps it until the completer has recorded it (a failure must reach the breakers
+    /// first, and a release or deferral must be written before its row may be claimed).
+    #[test]
+    fn only_a_delivery_gives_its_place_back_before_it_is_recorded() {
+        use crate::state::{DeferReason, Transition};
+        let completed = |transition| {
+            let msg = claimed(r#"{"url": "https://x.example"}"#);
+            Done::Completed(
+                Completion {
+                    id: msg.id,
+                    lease_token: msg.lease_token,
+                    attempt: 1,
+                    transition,
+                    error: None,
+                    status: None,
+                    deduplicated: false,
+                    response: None,
+                    started_at: SystemTime::now(),
+                },
+                AttemptLog {
+                    key: msg.key,
+                    channel: msg.channel,
+                    max_attempts: 3,
+                    duration: Duration::ZERO,
+                },
+            )
+        };
+        assert!(completed(Transition::Delivered).frees_place_when_sent());
+        assert!(completed(Transition::Reconciled).frees_place_when_sent());
+        for class in [
+            ErrorClass::Transient,
+            ErrorClass::Ambiguous,
+            ErrorClass::Permanent,
+            ErrorClass::Invalid,
+            ErrorClass::Exhausted,
+        ] {
+            let retry = Transition::Retry {
+                class,
+                delay: Duration::from_secs(1),
+            };
+            assert!(!completed(retry).frees_place_when_sent(), "{class:?}");
+            assert!(!completed(Transition::Dead { class }).frees_place_when_sent());
+        }
+        assert!(!Done::Released(7, Uuid::nil()).frees_place_when_sent());
+        for reason in &DeferReason::ALL {
+            let d = Done::deferred(
+                claimed(r#"{"url": "https://x.example"}"#),
+                *reason,
+                Duration::from_secs(1),
+            );
+            assert!(!d.frees_place_when_sent(), "{reason:?}");
+        }
     }
 }

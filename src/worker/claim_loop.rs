@@ -165,7 +165,9 @@ impl ClaimLoop {
         // by the completer before it frees the places) is then known before the places it
         // frees are claimed again. Counting tasks instead let a fast claim loop send a
         // failing host several more requests while the first failure was still being
-        // written (with `--breaker-threshold 1`, up to 30 instead of at most 2).
+        // written (with `--breaker-threshold 1`, up to 30 instead of at most 2). A delivery
+        // gives its place back when its task hands it over (`Done::frees_place_when_sent`):
+        // it teaches the breakers nothing that must come first.
         let mut free = self
             .capacity
             .saturating_sub(shared.inflight.load(Ordering::SeqCst));

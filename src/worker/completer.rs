@@ -71,6 +71,9 @@ pub(super) async fn completer(
         let mut logs = Vec::new();
         let mut releases = Vec::new();
         let mut deferrals = Vec::new();
+        // The places this batch gives back once it is recorded (a delivery gave its own
+        // back when its task handed it over: `Done::frees_place_when_sent`).
+        let n = buf.iter().filter(|d| !d.frees_place_when_sent()).count();
         for d in buf.drain(..) {
             match d {
                 Done::Completed(c, l) => {
@@ -81,7 +84,6 @@ pub(super) async fn completer(
                 Done::Deferred(d) => deferrals.push(d),
             }
         }
-        let n = completions.len() + releases.len() + deferrals.len();
         if !completions.is_empty() {
             let recorded = retry_db!(
                 shared.pools.hot,
