@@ -128,12 +128,6 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at
         );
         return Done::Released(msg.id, msg.lease_token);
     }
-    // A breaker that opened while this row waited for its slot stops it here.
-    if let Some(host) = msg.destination.as_deref() {
-        if let Some(delay) = shared.breakers.recheck(msg.id, host).await {
-            return Done::deferred(msg, DeferReason::Breaker, delay);
-        }
-    }
     // The limits per destination decide last, just before the request: a slot or a rate
     // token is taken only by a message that is really about to be sent.
     let permit = match shared.gates.admit(msg.destination.as_deref()) {
@@ -142,13 +136,6 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at
     };
     let done = attempt(shared, msg, ready).await;
     drop(permit);
-    // Before the completer can record it: rows of the same host waiting in `recheck` then
-    // wait for this failure to be counted.
-    if let Done::Completed(c, _) = &done {
-        shared
-            .breakers
-            .failure_seen(c.id, c.transition.error_class());
-    }
     done
 }
 

@@ -45,13 +45,6 @@ pub(super) enum Gate {
     Defer(Duration),
 }
 
-/// A row the gate let through.
-struct InFlight {
-    host: String,
-    /// Sent as the probe of a host whose cooldown had passed, not because it was closed.
-    probe: bool,
-}
-
 /// The worker's breakers: settings, the cached view, and the hosts of rows in flight.
 pub(super) struct Breakers {
     threshold: u32,
@@ -61,28 +54,8 @@ pub(super) struct Breakers {
     window: Duration,
     view: Mutex<HashMap<String, HostView>>,
     refreshed: Mutex<Option<Instant>>,
-    /// The destination of each claimed row in flight, by id, for the completer, and
-    /// whether it goes as its host's probe.
-    inflight: Mutex<HashMap<i64, InFlight>>,
-    /// Failures a delivery task has seen and the completer not yet recorded, by host
-    /// (`failure_seen`, taken off by `record`), and the signal that `record` has run.
-    unrecorded: Mutex<HashMap<String, u32>>,
-    recorded: tokio::sync::Notify,
-}
-
-/// How long [`Breakers::recheck`] waits for failures of its host to be recorded before it
-/// decides on what it knows (the completer is retrying a write, or shutting down).
-const RECORD_WAIT: Duration = Duration::from_secs(1);
-
-/// Whether an outcome counts towards its host's breaker: a failure that says the host is
-/// unwell. A permanent failure is the receiver's answer about this message (a success for
-/// the breaker); an invalid one never reached the host.
-fn counts_as_failure(class: Option<ErrorClass>) -> Option<bool> {
-    match class {
-        None | Some(ErrorClass::Permanent) => Some(false),
-        Some(ErrorClass::Transient | ErrorClass::Ambiguous | ErrorClass::Exhausted) => Some(true),
-        Some(ErrorClass::Invalid) => None,
-    }
+    /// The destination of each claimed row in flight, by id, for the completer.
+    inflight: Mutex<HashMap<i64, String>>,
 }
 
 /// How close to the end of a cooldown a claimed row is sent back to be the probe.
@@ -101,8 +74,6 @@ impl Breakers {
             view: Mutex::new(HashMap::new()),
             refreshed: Mutex::new(None),
             inflight: Mutex::new(HashMap::new()),
-            unrecorded: Mutex::new(HashMap::new()),
-            recorded: tokio::sync::Notify::new(),
         }
     }
 
@@ -174,7 +145,6 @@ impl Breakers {
         }
         let now = Instant::now();
         let seen = lock(&self.view).get(host).cloned();
-        let probe = seen.as_ref().is_some_and(|v| v.circuit != Circuit::Closed);
         let gate = match seen {
             None
             | Some(HostView {
@@ -214,57 +184,9 @@ impl Breakers {
             }
         };
         if matches!(gate, Gate::Send) {
-            let host = host.to_owned();
-            lock(&self.inflight).insert(id, InFlight { host, probe });
+            lock(&self.inflight).insert(id, host.to_owned());
         }
         gate
-    }
-
-    /// Asked again just before the request of a row the gate let through as closed: if its
-    /// host has opened since (this worker recorded the failures that opened it, or read the
-    /// opening from the database), the row goes back unsent like one the gate deferred, due
-    /// after the cooldown and the probe's window. A row claimed ahead of the free slots
-    /// passed the gate up to a batch of deliveries earlier; without this, a host that
-    /// starts failing would get every such row before the opening stopped them. The probe
-    /// itself, and a row of a host this worker knows nothing against, go on. Never touches
-    /// the database, and makes no opening of its own: only what the gate would see.
-    ///
-    /// A failure of the same host that a delivery task has seen and the completer not yet
-    /// recorded may be the one that opens it: the row waits for it to be recorded first
-    /// (at most [`RECORD_WAIT`]), so that rows ahead do not all go while the first failures
-    /// are being written. Healthy hosts have none, and wait for nothing.
-    pub(super) async fn recheck(&self, id: i64, host: &str) -> Option<Duration> {
-        if !self.enabled() {
-            return None;
-        }
-        if lock(&self.inflight).get(&id).is_none_or(|f| f.probe) {
-            return None;
-        }
-        let deadline = tokio::time::Instant::now() + RECORD_WAIT;
-        loop {
-            // Registered before the count is read, so a record in between still wakes it.
-            let recorded = self.recorded.notified();
-            if !lock(&self.unrecorded).contains_key(host) {
-                break;
-            }
-            if tokio::time::timeout_at(deadline, recorded).await.is_err() {
-                break;
-            }
-        }
-        let v = lock(&self.view).get(host).cloned()?;
-        let now = Instant::now();
-        match v.circuit {
-            Circuit::Closed => None,
-            // Past the cooldown, the next claim's gate takes the probe for it.
-            Circuit::Open => Some(match v.open_until {
-                Some(t) if t > now => t - now + self.window,
-                _ => Duration::from_millis(5),
-            }),
-            Circuit::HalfOpen => Some(match v.probe_until {
-                Some(t) if t > now => t - now,
-                _ => Duration::from_millis(5),
-            }),
-        }
     }
 
     async fn take_probe(&self, pool: &Pool, host: &str) -> Gate {
@@ -296,19 +218,6 @@ impl Breakers {
         }
     }
 
-    /// A delivery task saw attempt `id` end with `class`: if that is a failure its host's
-    /// breaker counts, it is unrecorded until [`Breakers::record`] has run for it. Called
-    /// before the task hands its result to the completer.
-    pub(super) fn failure_seen(&self, id: i64, class: Option<ErrorClass>) {
-        if !self.enabled() || counts_as_failure(class) != Some(true) {
-            return;
-        }
-        let Some(host) = lock(&self.inflight).get(&id).map(|f| f.host.clone()) else {
-            return;
-        };
-        *lock(&self.unrecorded).entry(host).or_insert(0) += 1;
-    }
-
     /// Forgets the in-flight host of rows given back unsent.
     pub(super) fn forget(&self, ids: impl Iterator<Item = i64>) {
         if !self.enabled() {
@@ -322,46 +231,26 @@ impl Breakers {
 
     /// Counts a batch's webhook outcomes per destination (see [`queries::BREAKER_RECORD`]),
     /// unless nothing in it concerns a breaker; logs transitions and moves backlogs.
-    /// Then takes this batch's failures off the ones seen but unrecorded
-    /// ([`Breakers::failure_seen`]) and wakes the rows waiting in [`Breakers::recheck`].
     pub(super) async fn record(&self, pool: &Pool, completions: &[Completion]) {
         if !self.enabled() {
             return;
         }
-        let failed = self.record_outcomes(pool, completions).await;
-        {
-            let mut unrecorded = lock(&self.unrecorded);
-            for host in failed {
-                if let Some(n) = unrecorded.get_mut(&host) {
-                    *n = n.saturating_sub(1);
-                    if *n == 0 {
-                        unrecorded.remove(&host);
-                    }
-                }
-            }
-        }
-        self.recorded.notify_waiters();
-    }
-
-    /// [`Breakers::record`]'s statement and what follows from it; returns the host of each
-    /// failure it counted.
-    async fn record_outcomes(&self, pool: &Pool, completions: &[Completion]) -> Vec<String> {
-        let mut failed_hosts = Vec::new();
         // host -> (a success came, failures after the last success), in batch order.
         let mut per_host: Vec<(String, bool, i32)> = Vec::new();
         {
             let mut inflight = lock(&self.inflight);
             let view = lock(&self.view);
             for c in completions {
-                let Some(InFlight { host, .. }) = inflight.remove(&c.id) else {
+                let Some(host) = inflight.remove(&c.id) else {
                     continue;
                 };
-                let Some(failed) = counts_as_failure(c.transition.error_class()) else {
-                    continue;
+                let failed = match c.transition.error_class() {
+                    None | Some(ErrorClass::Permanent) => false,
+                    Some(ErrorClass::Transient | ErrorClass::Ambiguous | ErrorClass::Exhausted) => {
+                        true
+                    }
+                    Some(ErrorClass::Invalid) => continue,
                 };
-                if failed {
-                    failed_hosts.push(host.clone());
-                }
                 if !failed && !view.contains_key(&host) {
                     continue;
                 }
@@ -382,7 +271,7 @@ impl Breakers {
             }
         }
         if per_host.is_empty() {
-            return failed_hosts;
+            return;
         }
         let hosts: Vec<&str> = per_host.iter().map(|(h, _, _)| h.as_str()).collect();
         let resets: Vec<bool> = per_host.iter().map(|e| e.1).collect();
@@ -400,7 +289,7 @@ impl Breakers {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "recording breaker outcomes failed");
-                return failed_hosts;
+                return;
             }
         };
         let now = Instant::now();
@@ -441,7 +330,6 @@ impl Breakers {
                 _ => {}
             }
         }
-        failed_hosts
     }
 }
 
