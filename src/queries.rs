@@ -670,9 +670,12 @@ WHERE (state = 'open' AND was <> 'open') OR (state = 'closed' AND was <> 'closed
 /// each row's destination is worked out once however many batches it takes). `$1` the host,
 /// `$2` the probe window (seconds): its pending rows due before `open_until + window` move
 /// there, except the oldest of the first batch, left due at `open_until` (at the latest) to
-/// be the probe. The push time is recorded as `deferred_until`, so closing brings back
-/// exactly these rows and no legitimately scheduled retry. No history row, no attempt
-/// counted. Returns the rows moved and the last id looked at (NULL when none: done).
+/// be the probe. A row already due within `$5` seconds after `open_until` stays: it is the
+/// probe a worker's gate kept before the push ran (`Breakers::gate`, `NEAR`), and moving it
+/// left no row due when the cooldown ended. The push time is recorded as `deferred_until`,
+/// so closing brings back exactly these rows and no legitimately scheduled retry. No
+/// history row, no attempt counted. Returns the rows moved and the last id looked at (NULL
+/// when none: done).
 pub const BREAKER_PUSH: &str = r#"
 WITH d AS (
     UPDATE outbox.destinations SET
@@ -692,6 +695,8 @@ WITH d AS (
                          THEN least(m.run_after, d.open_until) ELSE d.until END
     FROM cand c, d
     WHERE m.id = c.id AND m.state = 'pending'
+      AND NOT (m.run_after >= d.open_until
+               AND m.run_after <= d.open_until + make_interval(secs => $5::float8))
     RETURNING m.id
 )
 SELECT (SELECT count(*) FROM moved)::bigint, (SELECT max(id) FROM cand)

@@ -114,6 +114,13 @@ pub(super) fn spawn_attempt(
 /// lease that may run out mid-request (another worker would then send it again while this
 /// request is still in flight).
 pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at: Instant) -> Done {
+    // A breaker that opened while this row waited for its slot stops it here. Asked first,
+    // so that the lease check below counts the time it may wait for a failure's record.
+    if let Some(host) = msg.destination.as_deref() {
+        if let Some(delay) = shared.breakers.recheck(msg.id, host).await {
+            return Done::deferred(msg, DeferReason::Breaker, delay);
+        }
+    }
     let ready = tokio::select! {
         r = shared.deliverers.ready(msg.channel) => r,
         _ = shared.stopping.cancelled() => return Done::Released(msg.id, msg.lease_token),
@@ -136,6 +143,13 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at
     };
     let done = attempt(shared, msg, ready).await;
     drop(permit);
+    // Before the completer can record it: rows of the same host waiting in `recheck` then
+    // wait for this failure to be counted.
+    if let Done::Completed(c, _) = &done {
+        shared
+            .breakers
+            .failure_seen(c.id, c.transition.error_class());
+    }
     done
 }
 

@@ -10,8 +10,9 @@
 //! row through as the probe ([`Breakers::gate`]). A successful probe closes the host and
 //! brings the pushed backlog back ([`queries::BREAKER_RESTORE`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
@@ -45,6 +46,16 @@ pub(super) enum Gate {
     Defer(Duration),
 }
 
+/// A row the gate let through.
+struct InFlight {
+    host: String,
+    /// Sent as the probe of a host whose cooldown had passed, not because it was closed.
+    probe: bool,
+    /// The ticket of the failure its task saw, until the completer has recorded it
+    /// ([`Breakers::failure_seen`]).
+    failure: Option<u64>,
+}
+
 /// The worker's breakers: settings, the cached view, and the hosts of rows in flight.
 pub(super) struct Breakers {
     threshold: u32,
@@ -54,8 +65,31 @@ pub(super) struct Breakers {
     window: Duration,
     view: Mutex<HashMap<String, HostView>>,
     refreshed: Mutex<Option<Instant>>,
-    /// The destination of each claimed row in flight, by id, for the completer.
-    inflight: Mutex<HashMap<i64, String>>,
+    /// The destination of each claimed row in flight, by id, for the completer, and
+    /// whether it goes as its host's probe.
+    inflight: Mutex<HashMap<i64, InFlight>>,
+    /// Failures a delivery task has seen and the completer not yet recorded: their
+    /// tickets (in the order seen) by host. A ticket is taken off when its row's entry in
+    /// `inflight` goes (recorded, given back, or replaced by a new claim of the same id),
+    /// so none is left behind; `recorded` wakes the rows waiting in `recheck`.
+    unrecorded: Mutex<HashMap<String, BTreeSet<u64>>>,
+    tickets: AtomicU64,
+    recorded: tokio::sync::Notify,
+}
+
+/// How long [`Breakers::recheck`] waits for failures of its host to be recorded before it
+/// decides on what it knows (the completer is retrying a write, or shutting down).
+const RECORD_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether an outcome counts towards its host's breaker: a failure that says the host is
+/// unwell. A permanent failure is the receiver's answer about this message (a success for
+/// the breaker); an invalid one never reached the host.
+fn counts_as_failure(class: Option<ErrorClass>) -> Option<bool> {
+    match class {
+        None | Some(ErrorClass::Permanent) => Some(false),
+        Some(ErrorClass::Transient | ErrorClass::Ambiguous | ErrorClass::Exhausted) => Some(true),
+        Some(ErrorClass::Invalid) => None,
+    }
 }
 
 /// How close to the end of a cooldown a claimed row is sent back to be the probe.
@@ -74,6 +108,9 @@ impl Breakers {
             view: Mutex::new(HashMap::new()),
             refreshed: Mutex::new(None),
             inflight: Mutex::new(HashMap::new()),
+            unrecorded: Mutex::new(HashMap::new()),
+            tickets: AtomicU64::new(0),
+            recorded: tokio::sync::Notify::new(),
         }
     }
 
@@ -145,6 +182,7 @@ impl Breakers {
         }
         let now = Instant::now();
         let seen = lock(&self.view).get(host).cloned();
+        let probe = seen.as_ref().is_some_and(|v| v.circuit != Circuit::Closed);
         let gate = match seen {
             None
             | Some(HostView {
@@ -184,9 +222,76 @@ impl Breakers {
             }
         };
         if matches!(gate, Gate::Send) {
-            lock(&self.inflight).insert(id, host.to_owned());
+            let host = host.to_owned();
+            let entry = InFlight {
+                host,
+                probe,
+                failure: None,
+            };
+            // An entry left by an earlier claim of this row (its lease expired before its
+            // result was recorded) goes now.
+            let old = lock(&self.inflight).insert(id, entry);
+            self.settle(old.into_iter());
         }
         gate
+    }
+
+    /// Asked again just before the request of a row the gate let through as closed: if its
+    /// host has opened since (this worker recorded the failures that opened it, or read the
+    /// opening from the database), the row goes back unsent like one the gate deferred, due
+    /// after the cooldown and the probe's window. A row claimed ahead of the free slots
+    /// passed the gate up to a batch of deliveries earlier; without this, a host that
+    /// starts failing would get every such row before the opening stopped them. The probe
+    /// itself, and a row of a host this worker knows nothing against, go on. Never touches
+    /// the database, and makes no opening of its own: only what the gate would see.
+    ///
+    /// A failure of the same host that a delivery task saw before this row got here, and
+    /// that the completer has not yet recorded, may be the one that opens it: the row
+    /// waits for those failures (not for later ones) to be recorded first, at most
+    /// [`RECORD_WAIT`], usually one completion statement. Healthy hosts have none, and their
+    /// rows wait for nothing.
+    pub(super) async fn recheck(&self, id: i64, host: &str) -> Option<Duration> {
+        if !self.enabled() {
+            return None;
+        }
+        let last_seen = lock(&self.unrecorded)
+            .get(host)
+            .and_then(|t| t.last().copied());
+        if last_seen.is_none() && !lock(&self.view).contains_key(host) {
+            return None;
+        }
+        if lock(&self.inflight).get(&id).is_none_or(|f| f.probe) {
+            return None;
+        }
+        if let Some(last_seen) = last_seen {
+            let deadline = tokio::time::Instant::now() + RECORD_WAIT;
+            loop {
+                // Registered before the tickets are read, so a record in between still
+                // wakes it.
+                let recorded = self.recorded.notified();
+                let pending = lock(&self.unrecorded)
+                    .get(host)
+                    .and_then(|t| t.first().copied())
+                    .is_some_and(|oldest| oldest <= last_seen);
+                if !pending || tokio::time::timeout_at(deadline, recorded).await.is_err() {
+                    break;
+                }
+            }
+        }
+        let v = lock(&self.view).get(host).cloned()?;
+        let now = Instant::now();
+        match v.circuit {
+            Circuit::Closed => None,
+            // Past the cooldown, the next claim's gate takes the probe for it.
+            Circuit::Open => Some(match v.open_until {
+                Some(t) if t > now => t - now + self.window,
+                _ => Duration::from_millis(5),
+            }),
+            Circuit::HalfOpen => Some(match v.probe_until {
+                Some(t) if t > now => t - now,
+                _ => Duration::from_millis(5),
+            }),
+        }
     }
 
     async fn take_probe(&self, pool: &Pool, host: &str) -> Gate {
@@ -218,38 +323,84 @@ impl Breakers {
         }
     }
 
+    /// A delivery task saw attempt `id` end with `class`: if that is a failure its host's
+    /// breaker counts, it is unrecorded until [`Breakers::record`] has run for it. Called
+    /// before the task hands its result to the completer.
+    pub(super) fn failure_seen(&self, id: i64, class: Option<ErrorClass>) {
+        if !self.enabled() || counts_as_failure(class) != Some(true) {
+            return;
+        }
+        let mut inflight = lock(&self.inflight);
+        let Some(f) = inflight.get_mut(&id).filter(|f| f.failure.is_none()) else {
+            return;
+        };
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+        f.failure = Some(ticket);
+        lock(&self.unrecorded)
+            .entry(f.host.clone())
+            .or_default()
+            .insert(ticket);
+    }
+
+    /// Takes the failure tickets of entries leaving `inflight` off their hosts.
+    fn settle(&self, gone: impl Iterator<Item = InFlight>) {
+        let mut unrecorded = None;
+        for f in gone {
+            let Some(ticket) = f.failure else { continue };
+            let unrecorded = unrecorded.get_or_insert_with(|| lock(&self.unrecorded));
+            if let Some(tickets) = unrecorded.get_mut(&f.host) {
+                tickets.remove(&ticket);
+                if tickets.is_empty() {
+                    unrecorded.remove(&f.host);
+                }
+            }
+        }
+    }
+
     /// Forgets the in-flight host of rows given back unsent.
     pub(super) fn forget(&self, ids: impl Iterator<Item = i64>) {
         if !self.enabled() {
             return;
         }
-        let mut inflight = lock(&self.inflight);
-        for id in ids {
-            inflight.remove(&id);
-        }
+        let gone: Vec<InFlight> = {
+            let mut inflight = lock(&self.inflight);
+            ids.filter_map(|id| inflight.remove(&id)).collect()
+        };
+        self.settle(gone.into_iter());
+        self.recorded.notify_waiters();
     }
 
     /// Counts a batch's webhook outcomes per destination (see [`queries::BREAKER_RECORD`]),
     /// unless nothing in it concerns a breaker; logs transitions and moves backlogs.
+    /// Then takes this batch's failures off the ones seen but unrecorded
+    /// ([`Breakers::failure_seen`]) and wakes the rows waiting in [`Breakers::recheck`].
     pub(super) async fn record(&self, pool: &Pool, completions: &[Completion]) {
         if !self.enabled() {
             return;
         }
+        // The tickets go only now, after the view holds any opening this batch caused.
+        let gone = self.record_outcomes(pool, completions).await;
+        self.settle(gone.into_iter());
+        self.recorded.notify_waiters();
+    }
+
+    /// [`Breakers::record`]'s statement and what follows from it; returns the entries it
+    /// took out of `inflight`.
+    async fn record_outcomes(&self, pool: &Pool, completions: &[Completion]) -> Vec<InFlight> {
+        let mut gone = Vec::new();
         // host -> (a success came, failures after the last success), in batch order.
         let mut per_host: Vec<(String, bool, i32)> = Vec::new();
         {
             let mut inflight = lock(&self.inflight);
             let view = lock(&self.view);
             for c in completions {
-                let Some(host) = inflight.remove(&c.id) else {
+                let Some(f) = inflight.remove(&c.id) else {
                     continue;
                 };
-                let failed = match c.transition.error_class() {
-                    None | Some(ErrorClass::Permanent) => false,
-                    Some(ErrorClass::Transient | ErrorClass::Ambiguous | ErrorClass::Exhausted) => {
-                        true
-                    }
-                    Some(ErrorClass::Invalid) => continue,
+                let host = f.host.clone();
+                gone.push(f);
+                let Some(failed) = counts_as_failure(c.transition.error_class()) else {
+                    continue;
                 };
                 if !failed && !view.contains_key(&host) {
                     continue;
@@ -271,7 +422,7 @@ impl Breakers {
             }
         }
         if per_host.is_empty() {
-            return;
+            return gone;
         }
         let hosts: Vec<&str> = per_host.iter().map(|(h, _, _)| h.as_str()).collect();
         let resets: Vec<bool> = per_host.iter().map(|e| e.1).collect();
@@ -289,7 +440,7 @@ impl Breakers {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "recording breaker outcomes failed");
-                return;
+                return gone;
             }
         };
         let now = Instant::now();
@@ -330,6 +481,7 @@ impl Breakers {
                 _ => {}
             }
         }
+        gone
     }
 }
 
@@ -353,13 +505,14 @@ async fn query(
 /// Pushes an open host's backlog past its cooldown, in batches, off the hot path.
 async fn push(pool: Pool, host: String, window: Duration) {
     let window = window.as_secs_f64();
+    let near = NEAR.as_secs_f64();
     let mut total = 0i64;
     let mut after = 0i64;
     loop {
         let moved = query(
             &pool,
             queries::BREAKER_PUSH,
-            &[&host, &window, &BATCH, &after],
+            &[&host, &window, &BATCH, &after, &near],
         )
         .await;
         match moved.map(|rows| {
@@ -399,5 +552,77 @@ async fn restore(pool: Pool, host: String, at: std::time::SystemTime) {
         Err(e) => {
             tracing::warn!(host = %Escaped(&host), error = %e, "bringing back a closed host's backlog failed")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claim::Completion;
+    use crate::state::Transition;
+
+    fn breakers() -> (Breakers, Pool) {
+        let cfg = crate::config::WorkerConfig::default();
+        // Never connected: a closed host's gate and the recheck do not touch the database.
+        let db = crate::db::parse_url("postgres://outboxd@127.0.0.1:1/none").expect("url");
+        let pool = crate::db::pool(&db, 1).expect("pool");
+        (Breakers::new(&cfg, Duration::from_secs(1)), pool)
+    }
+
+    fn tickets(b: &Breakers, host: &str) -> usize {
+        lock(&b.unrecorded).get(host).map_or(0, |t| t.len())
+    }
+
+    /// A failure seen by a task is held against its host until its row's entry leaves the
+    /// in-flight map, whichever way it leaves: given back, or replaced by a new claim of
+    /// the same row (its lease expired before its result was recorded). A ticket left
+    /// behind would make every later row of that host wait a second in its slot.
+    #[tokio::test]
+    async fn a_failure_seen_is_held_until_its_row_leaves_whichever_way() {
+        let (b, pool) = breakers();
+        let failed = Some(ErrorClass::Transient);
+        assert!(matches!(b.gate(&pool, 1, "h:443").await, Gate::Send));
+        b.failure_seen(1, failed);
+        b.failure_seen(1, failed);
+        assert_eq!(tickets(&b, "h:443"), 1, "one ticket per attempt");
+        b.forget([1].into_iter());
+        assert_eq!(tickets(&b, "h:443"), 0, "given back");
+
+        assert!(matches!(b.gate(&pool, 2, "h:443").await, Gate::Send));
+        b.failure_seen(2, failed);
+        assert!(matches!(b.gate(&pool, 2, "h:443").await, Gate::Send));
+        assert_eq!(tickets(&b, "h:443"), 0, "claimed again");
+
+        // A success, a permanent refusal or an invalid message says nothing against the host.
+        for class in [None, Some(ErrorClass::Permanent), Some(ErrorClass::Invalid)] {
+            b.failure_seen(2, class);
+        }
+        assert_eq!(tickets(&b, "h:443"), 0);
+        // Nothing held against the host, nothing in the view: no wait, and it goes.
+        let t = std::time::Instant::now();
+        assert_eq!(b.recheck(2, "h:443").await, None);
+        assert!(t.elapsed() < RECORD_WAIT / 2);
+
+        // Recorded: taken off even when the breaker's own write fails (here the database
+        // cannot be reached), since the completer has dealt with the result.
+        assert!(matches!(b.gate(&pool, 3, "h:443").await, Gate::Send));
+        b.failure_seen(3, failed);
+        assert_eq!(tickets(&b, "h:443"), 1);
+        let c = Completion {
+            id: 3,
+            lease_token: uuid::Uuid::nil(),
+            attempt: 1,
+            transition: Transition::Retry {
+                class: ErrorClass::Transient,
+                delay: Duration::from_secs(1),
+            },
+            error: None,
+            status: Some(503),
+            deduplicated: false,
+            response: None,
+            started_at: std::time::SystemTime::now(),
+        };
+        b.record(&pool, &[c]).await;
+        assert_eq!(tickets(&b, "h:443"), 0, "recorded");
     }
 }

@@ -31,7 +31,7 @@ pub(super) struct ClaimLoop {
     done_tx: mpsc::Sender<Done>,
     /// Tells the LISTEN task whether the loop is idle, so that it holds the idle mark.
     idle_tx: watch::Sender<bool>,
-    /// Most delivery tasks at once: the concurrency plus up to one batch claimed ahead.
+    /// Most delivery tasks at once: the concurrency plus up to two batches claimed ahead.
     capacity: usize,
     lanes: Vec<Lane>,
     tasks: JoinSet<()>,
@@ -76,9 +76,13 @@ impl ClaimLoop {
         let cfg = &shared.cfg;
         // Rows claimed ahead of free slots: each waits in its task for a slot, so a slot
         // that frees starts its next message at once instead of after a claim's round trip
-        // (with a backlog, that round trip is what left slots idle). At most one batch
-        // ahead, never more than the concurrency.
-        let capacity = cfg.concurrency + cfg.concurrency.min(cfg.batch_size);
+        // (with a backlog, that round trip is what left slots idle). Up to two batches
+        // ahead, never more than twice the concurrency: under load a claim's statement
+        // shares the two cores with the deliveries, and one batch ahead ran out before the
+        // next claim came back (bench/RESULTS.md, 2026-12-06: 1.13 with two). A row ahead
+        // passed the breakers' gate at its claim; `Breakers::recheck` stops it before its
+        // request if its host has opened since.
+        let capacity = cfg.concurrency + 2 * cfg.concurrency.min(cfg.batch_size);
         ClaimLoop {
             slots: Arc::new(Semaphore::new(cfg.concurrency)),
             lanes: Lane::plan(&cfg.channels, &shared.deliverers, capacity),

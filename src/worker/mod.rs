@@ -6,9 +6,10 @@
 //!       └────────────── wake: LISTEN, a freed slot, poll interval ◀────────┘
 //! ```
 //!
-//! * The claim loop asks for as many rows as it has free slots, plus up to one batch ahead
-//!   (at most `batch_size` per claim), in one short committed statement; a row claimed
-//!   ahead waits in its task for a slot. No transaction is open while a message is sent.
+//! * The claim loop asks for as many rows as it has free slots, plus up to two batches
+//!   ahead (at most `batch_size` per claim), in one short committed statement; a row
+//!   claimed ahead waits in its task for a slot, and asks the breaker again before its
+//!   request. No transaction is open while a message is sent.
 //! * A channel that bounds its own sends (e-mail: the relay's connections) is claimed in a
 //!   lane of its own, never past that bound.
 //! * An attempt starts only when its whole timeout, and a margin, still fit in the lease

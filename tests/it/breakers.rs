@@ -258,6 +258,53 @@ async fn a_failed_probe_doubles_the_cooldown_up_to_retry_max() {
     );
 }
 
+/// Rows claimed ahead of the free slots passed the gate while their host was closed. When
+/// the host's first failures open it, those rows go back unsent (uncounted) instead of
+/// making their requests: with 4 in flight, 8 claimed ahead and a threshold of 1, a host
+/// that fails every request gets the first 4 (sent together), not all 12.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_claimed_ahead_are_not_sent_to_a_host_that_opened_meanwhile() {
+    let db = TestDb::new().await;
+    let bad = Receiver::start().await;
+    bad.set_default(Reply::Status(503));
+    let host = bad.addr.to_string();
+    enqueue_n(&db, "ahead:", &bad.url("/hook?token=s3cret"), 12, 5).await;
+    let mut cfg = breaker_config("w", 1, Duration::from_secs(3600));
+    cfg.concurrency = 4;
+    cfg.batch_size = 4;
+    let w = RunningWorker::start(&db, cfg, test_webhook_config());
+    let c = db.client().await;
+    // Every row given back is due only after the cooldown, the others were sent and
+    // failed. (Waiting for "all pending" alone could stop the worker while a claim of the
+    // last rows was in flight, leaving them leased.)
+    wait_until(Duration::from_secs(30), "the host open, the rest held back", || {
+        let (c, host) = (&c, &host);
+        async move {
+            c.query_one(
+                "SELECT (SELECT count(*) FROM outbox.messages \
+                         WHERE state = 'pending' AND message_key LIKE 'ahead:%' \
+                           AND run_after > now() + interval '10 minutes') \
+                      + (SELECT count(*) FROM outbox.attempts) >= 12 \
+                    AND EXISTS (SELECT 1 FROM outbox.destinations WHERE host = $1 AND state = 'open')",
+                &[host],
+            )
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+        }
+    })
+    .await;
+    w.stop().await;
+    let sent = bad.requests().len();
+    assert!(
+        sent <= 4,
+        "{sent} requests to a host that opened after its first failure"
+    );
+    // The rows given back spent nothing: one attempt counted per request.
+    let (attempts, history) = counted(&db, "ahead:").await;
+    assert_eq!((attempts, history), (sent as i64, sent as i64));
+}
+
 /// The claim does not keep picking an open host's rows: with 100 000 of them due and 100
 /// for a healthy host, the opening moves the backlog out of the due index's way once, and
 /// the claim reads the healthy rows (and at most the probe). `outboxd destinations` lists
