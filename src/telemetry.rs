@@ -414,14 +414,14 @@ fn check_headers(name: &str, value: &str) -> Result<(), TelemetryError> {
         if key.is_empty() || val.is_empty() {
             return Err(bad("has an empty name or value"));
         }
-        if reqwest::header::HeaderName::from_bytes(key.as_bytes()).is_err() {
+        if hyper::header::HeaderName::from_bytes(key.as_bytes()).is_err() {
             return Err(bad("has a name that is not a valid header name"));
         }
         let decoded = percent_encoding::percent_decode_str(val)
             .decode_utf8()
             .map(|v| v.into_owned())
             .unwrap_or_else(|_| val.to_owned());
-        if reqwest::header::HeaderValue::from_str(&decoded).is_err() {
+        if hyper::header::HeaderValue::from_str(&decoded).is_err() {
             return Err(bad("has a value with control characters"));
         }
     }

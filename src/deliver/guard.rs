@@ -9,6 +9,7 @@
 //! The URL parser (WHATWG rules) normalises `127.1`, `2130706433` and `0x7f.1` to
 //! `127.0.0.1` before we see them.
 
+use hyper_util::client::legacy::connect::dns::Name;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
@@ -244,15 +245,31 @@ impl GuardedResolver {
     }
 }
 
-impl reqwest::dns::Resolve for GuardedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+/// The resolver of the webhook client's connector (hyper-util's `HttpConnector`): every
+/// address it hands over has passed the guard, so a connection can only go where the guard
+/// allows, whatever the name resolved to before.
+impl tower_service::Service<Name> for GuardedResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
         let guard = self.guard.clone();
         let lookup = self.lookup.clone();
         Box::pin(async move {
             let host = name.as_str().to_owned();
             let addrs = look_up(lookup, &host).await?;
             let kept = guard.filter(&host, addrs.into_iter())?;
-            Ok(Box::new(kept.into_iter()) as reqwest::dns::Addrs)
+            Ok(kept.into_iter())
         })
     }
 }
@@ -560,8 +577,8 @@ mod tests {
     /// connect to it.
     #[tokio::test]
     async fn a_rebinding_answer_is_refused_when_it_comes() {
-        use reqwest::dns::Resolve as _;
         use std::sync::atomic::{AtomicUsize, Ordering};
+        use tower_service::Service as _;
         let calls = Arc::new(AtomicUsize::new(0));
         let c = calls.clone();
         let resolver =
@@ -573,18 +590,19 @@ mod tests {
                 };
                 Ok(vec![SocketAddr::from((ip, 0))])
             });
-        let name = |s: &str| s.parse::<reqwest::dns::Name>().expect("name");
+        let name = |s: &str| s.parse::<Name>().expect("name");
         let first: Vec<SocketAddr> = resolver
-            .resolve(name("rebind.example"))
+            .clone()
+            .call(name("rebind.example"))
             .await
             .expect("public answer")
             .collect();
         assert_eq!(first, vec![SocketAddr::from(([93, 184, 216, 34], 0))]);
         let second = resolver
-            .resolve(name("rebind.example"))
+            .clone()
+            .call(name("rebind.example"))
             .await
-            .err()
-            .expect("private answer refused");
+            .expect_err("private answer refused");
         assert!(second.to_string().contains("not allowed"), "{second}");
         // A mixed answer keeps only the allowed addresses: the client cannot pick the private one.
         let mixed = GuardedResolver::with_lookup(Guard::new(DestinationPolicy::default()), |_| {
@@ -594,7 +612,8 @@ mod tests {
             ])
         });
         let kept: Vec<SocketAddr> = mixed
-            .resolve(name("mixed.example"))
+            .clone()
+            .call(name("mixed.example"))
             .await
             .expect("one allowed")
             .collect();

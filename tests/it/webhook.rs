@@ -359,6 +359,106 @@ async fn a_302_is_not_followed_and_is_dead_permanent() {
     );
 }
 
+/// Credentials in the URL go as HTTP Basic authentication, as curl and every HTTP client
+/// send them: never in the request line or the `host` header, and never in the stored
+/// error of a failed attempt.
+#[tokio::test]
+async fn credentials_in_the_url_are_sent_as_basic_auth_and_nowhere_else() {
+    use base64::Engine as _;
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(503), Reply::Status(204)]);
+    let key = "basic-auth";
+    let url = rx
+        .url("/hook?q=1")
+        .replacen("http://", "http://al%20ice:S3CRET-PW@", 1);
+    enqueue_webhook(&db, key, &url, 3, true).await;
+    let w = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
+    let row = wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    assert_eq!(row.attempts, 2);
+    let reqs = rx.requests();
+    assert_eq!(reqs.len(), 2);
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("al ice:S3CRET-PW")
+    );
+    for r in &reqs {
+        assert_eq!(r.header("authorization").as_deref(), Some(basic.as_str()));
+        assert_eq!(
+            r.uri.to_string(),
+            "/hook?q=1",
+            "origin form, no credentials"
+        );
+        assert_eq!(
+            r.header("host").as_deref(),
+            Some(rx.addr.to_string().as_str())
+        );
+    }
+    let errors: Vec<String> = db
+        .client()
+        .await
+        .query(
+            "SELECT coalesce(error, '') FROM outbox.attempts a
+             JOIN outbox.messages m ON m.id = a.message_id WHERE m.message_key = $1",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(errors.len(), 2);
+    assert!(errors.iter().all(|e| !e.contains("S3CRET")), "{errors:?}");
+}
+
+/// A server that accepts the connection and never answers the TLS handshake: the connect
+/// timeout covers the handshake, so the attempt is `transient` (nothing was sent), not an
+/// ambiguous whole-request timeout.
+#[tokio::test]
+async fn a_tls_handshake_that_never_comes_is_transient() {
+    let db = TestDb::new().await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((sock, _)) = silent.accept().await {
+            open.push(sock);
+        }
+    });
+    let key = "tls:silent";
+    let url = format!("https://localhost:{port}/hook");
+    enqueue_webhook(&db, key, &url, 1, true).await;
+    let cfg = WebhookConfig {
+        // Connect timeout: half of it, 1 s; the whole request would give up at 2 s.
+        timeout: Duration::from_secs(2),
+        ..test_webhook_config()
+    };
+    let w = RunningWorker::start(&db, test_worker_config("w"), cfg);
+    let row = wait_for_state(&db, key, "dead", WAIT).await;
+    w.stop().await;
+    held.abort();
+    assert_eq!(row.error_class.as_deref(), Some("exhausted"));
+    let c = db.client().await;
+    let (class, error): (Option<String>, Option<String>) = {
+        let r = c
+            .query_one(
+                "SELECT a.error_class, a.error FROM outbox.attempts a
+                 JOIN outbox.messages m ON m.id = a.message_id WHERE m.message_key = $1",
+                &[&key],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    // `exhausted`: a transient failure with no attempt left (an ambiguous one would be
+    // `ambiguous`).
+    assert_eq!(class.as_deref(), Some("exhausted"), "{error:?}");
+    let error = error.unwrap_or_default();
+    assert!(error.starts_with("cannot connect to localhost"), "{error}");
+    assert!(error.contains("connect timed out"), "{error}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Ambiguous outcomes (timeouts after the request was sent)
 // ---------------------------------------------------------------------------------------

@@ -4,8 +4,13 @@
 //! reading stops one byte past it) and by time (the request's timeout covers the body, so a
 //! receiver that never ends it costs the attempt's timeout, not more).
 
-use reqwest::header::CONTENT_TYPE;
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+use hyper::header::CONTENT_TYPE;
 use serde_json::Value;
+use tokio::time::Instant;
+
+use super::client::Response;
 
 /// Most bytes of a response body read: drained to keep the connection reusable, or kept
 /// for `store_response` (the contract's 64 KiB).
@@ -15,14 +20,30 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// far fewer; a longer header is cut rather than stored whole.
 const MAX_CONTENT_TYPE: usize = 255;
 
+/// The next piece of the body before `deadline`: `Ok(None)` at its end, `Err` when it
+/// failed or the deadline passed (trailers are skipped).
+async fn chunk(response: &mut Response, deadline: Instant) -> Result<Option<Bytes>, ()> {
+    loop {
+        match tokio::time::timeout_at(deadline, response.body_mut().frame()).await {
+            Err(_) | Ok(Some(Err(_))) => return Err(()),
+            Ok(None) => return Ok(None),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    return Ok(Some(data));
+                }
+            }
+        }
+    }
+}
+
 /// Reads (and drops) up to [`MAX_BODY`] bytes so the connection can be reused. A failure
 /// here does not change the outcome: the status line has answered.
-pub(super) async fn drain(response: &mut reqwest::Response) {
+pub(super) async fn drain(response: &mut Response, deadline: Instant) {
     let mut read = 0usize;
     while read < MAX_BODY {
-        match response.chunk().await {
+        match chunk(response, deadline).await {
             Ok(Some(chunk)) => read += chunk.len(),
-            Ok(None) | Err(_) => break,
+            Ok(None) | Err(()) => break,
         }
     }
 }
@@ -37,7 +58,7 @@ pub(super) async fn drain(response: &mut reqwest::Response) {
 /// the outcome as it is: the status line was 2xx, so the provider accepted the request and
 /// the message is delivered; sending it again because the receipt was cut would make a
 /// duplicate. What arrived is kept, as text, with `body_truncated = true`.
-pub(super) async fn keep(response: &mut reqwest::Response, summary: &mut Value) {
+pub(super) async fn keep(response: &mut Response, summary: &mut Value, deadline: Instant) {
     let content_type = response
         .headers()
         .get(CONTENT_TYPE)
@@ -45,7 +66,7 @@ pub(super) async fn keep(response: &mut reqwest::Response, summary: &mut Value) 
     let mut buf: Vec<u8> = Vec::new();
     let mut complete = true;
     loop {
-        match response.chunk().await {
+        match chunk(response, deadline).await {
             Ok(Some(chunk)) => {
                 let room = MAX_BODY + 1 - buf.len();
                 buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
@@ -55,7 +76,7 @@ pub(super) async fn keep(response: &mut reqwest::Response, summary: &mut Value) 
                 }
             }
             Ok(None) => break,
-            Err(_) => {
+            Err(()) => {
                 complete = false;
                 break;
             }

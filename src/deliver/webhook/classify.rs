@@ -5,6 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::client::SendError;
 use crate::deliver::DeliveryError;
 use crate::deliver::guard::BlockedDestination;
 use crate::model::ErrorClass;
@@ -30,12 +31,26 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 ///   `ambiguous`. hyper does not tell us reliably whether the last byte of the request
 ///   left, and calling a sent request "transient" would send it twice without the
 ///   message's consent; when in doubt, ambiguous.
-pub(super) fn classify_error(err: reqwest::Error, host: &str, timeout: Duration) -> DeliveryError {
-    let err = err.without_url();
+pub(super) fn classify_error(err: SendError, host: &str, timeout: Duration) -> DeliveryError {
+    let client = match err {
+        SendError::Build(why) => {
+            return DeliveryError::invalid(format!("cannot build the request to {host}: {why}"));
+        }
+        SendError::TimedOut => {
+            return DeliveryError::new(
+                ErrorClass::Ambiguous,
+                format!(
+                    "timed out waiting for the response from {host} after {}ms",
+                    timeout.as_millis()
+                ),
+            );
+        }
+        SendError::Client(e) => e,
+    };
     let mut detail = String::new();
     let mut blocked = None;
     let mut unsent = false;
-    for e in crate::support::causes(&err) {
+    for e in crate::support::causes(&client) {
         if let Some(b) = e.downcast_ref::<BlockedDestination>() {
             blocked = Some(b.to_string());
         }
@@ -55,31 +70,22 @@ pub(super) fn classify_error(err: reqwest::Error, host: &str, timeout: Duration)
     }
     let (class, what) = if let Some(b) = blocked {
         return DeliveryError::invalid(b);
-    } else if err.is_builder() {
-        (ErrorClass::Invalid, "cannot build the request")
-    } else if err.is_connect() {
+    } else if client.is_connect() {
         (ErrorClass::Transient, "cannot connect")
     } else if unsent {
         (
             ErrorClass::Transient,
             "connection lost before the request was sent",
         )
-    } else if err.is_timeout() {
-        (ErrorClass::Ambiguous, "timed out waiting for the response")
     } else {
         (
             ErrorClass::Ambiguous,
             "connection failed after the request was sent",
         )
     };
-    let message = if err.is_timeout() && class == ErrorClass::Ambiguous {
-        format!("{what} from {host} after {}ms", timeout.as_millis())
-    } else {
-        format!("{what} to {host}: {detail}")
-    };
     DeliveryError {
-        source: Some(Box::new(err)),
-        ..DeliveryError::new(class, message)
+        source: Some(Box::new(client)),
+        ..DeliveryError::new(class, format!("{what} to {host}: {detail}"))
     }
 }
 

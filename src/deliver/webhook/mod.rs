@@ -12,6 +12,7 @@
 
 pub mod body;
 pub mod classify;
+pub mod client;
 pub mod payload;
 pub mod reconcile;
 pub mod settings;
@@ -20,9 +21,10 @@ pub mod urls;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use reqwest::header::HeaderValue;
+use hyper::header::{self, HeaderMap, HeaderValue};
 
 use self::classify::{classify_error, parse_retry_after};
+use self::client::{HttpClient, Response};
 use self::payload::{Request, parse_payload_with};
 use self::settings::{SigningKeys, WebhookConfig};
 use self::signing::signatures;
@@ -35,7 +37,7 @@ use crate::retry::classify_http_status;
 /// Sends webhooks through one shared HTTP client (keep-alive connection pools per host).
 #[derive(Debug, Clone)]
 pub struct WebhookSender {
-    client: reqwest::Client,
+    client: HttpClient,
     guard: Guard,
     /// The client's resolver, also asked before a request whose reconcile URL names a host
     /// (see [`GuardedResolver::refuses`]).
@@ -64,7 +66,7 @@ struct Prepared<'a> {
 }
 
 /// The status, the provider's deduplication flag and its `Retry-After` (on 429 and 503).
-fn answer_headers(response: &reqwest::Response) -> (u16, bool, Option<Duration>) {
+fn answer_headers(response: &Response) -> (u16, bool, Option<Duration>) {
     let status = response.status().as_u16();
     let deduplicated = response
         .headers()
@@ -74,7 +76,7 @@ fn answer_headers(response: &reqwest::Response) -> (u16, bool, Option<Duration>)
     let retry_after = if status == 429 || status == 503 {
         response
             .headers()
-            .get(reqwest::header::RETRY_AFTER)
+            .get(header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| parse_retry_after(v, SystemTime::now()))
     } else {
@@ -88,25 +90,12 @@ impl WebhookSender {
     pub fn new(cfg: &WebhookConfig) -> Result<Self, ConfigError> {
         let guard = Guard::new(cfg.destinations.clone());
         let resolver = GuardedResolver::new(guard.clone());
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            // The client never sends a request again on its own: every attempt is counted
-            // in the message's budget before it starts. (reqwest's default replays only
-            // HTTP/2 and HTTP/3 refusals, which this build does not speak, but its retry
-            // layer still copied every request's headers and body in case it would; with
-            // no retries allowed it copies nothing.)
-            .retry(reqwest::retry::never().max_retries_per_request(0))
-            .no_proxy()
-            .timeout(cfg.timeout)
-            // A connect that times out sent nothing (transient); keep it distinct from the
-            // whole-request timeout, after which the request may have been processed.
-            .connect_timeout((cfg.timeout / 2).max(Duration::from_millis(100)))
-            .pool_idle_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            .user_agent(concat!("outboxd/", env!("CARGO_PKG_VERSION")))
-            .dns_resolver(resolver.clone())
-            .build()
-            .map_err(|e| ConfigError(format!("cannot build the HTTP client: {e}")))?;
+        // A connect that times out sent nothing (transient); keep it distinct from the
+        // whole-request timeout, after which the request may have been processed.
+        let client = HttpClient::new(
+            resolver.clone(),
+            (cfg.timeout / 2).max(Duration::from_millis(100)),
+        )?;
         Ok(WebhookSender {
             client,
             guard,
@@ -199,12 +188,7 @@ impl WebhookSender {
     }
 
     /// `headers` (the application's) with the message's identity, signed over `body`.
-    fn identity_headers(
-        &self,
-        mut headers: reqwest::header::HeaderMap,
-        p: &Prepared<'_>,
-        body: &[u8],
-    ) -> reqwest::header::HeaderMap {
+    fn identity_headers(&self, mut headers: HeaderMap, p: &Prepared<'_>, body: &[u8]) -> HeaderMap {
         headers.insert("idempotency-key", p.key.clone());
         headers.insert("webhook-id", p.key.clone());
         headers.insert("webhook-timestamp", HeaderValue::from(p.timestamp));
@@ -241,25 +225,18 @@ impl WebhookSender {
         let app_headers = std::mem::take(&mut p.req.headers);
         let mut headers = self.identity_headers(app_headers, &p, &p.req.body);
         headers.insert(
-            reqwest::header::CONTENT_TYPE,
+            header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
         let store = p.req.store_response;
-        // The headers are put in the built request whole: `RequestBuilder::headers` would
-        // copy them one by one into the request's own empty map, growing it twice.
-        let result = match self
+        // The deadline covers the response's body too: a receiver that never ends it costs
+        // the attempt's timeout, not more.
+        let deadline = tokio::time::Instant::now() + left;
+        let body = bytes::Bytes::from(std::mem::take(&mut p.req.body));
+        let result = self
             .client
-            .request(p.req.method, p.req.url)
-            .body(p.req.body)
-            .timeout(left)
-            .build()
-        {
-            Ok(mut request) => {
-                *request.headers_mut() = headers;
-                self.client.execute(request).await
-            }
-            Err(e) => Err(e),
-        };
+            .send(p.req.method.clone(), &p.req.url, headers, body, deadline)
+            .await;
         let mut response = match result {
             Ok(r) => r,
             Err(e) => return Err(classify_error(e, &host, self.timeout)),
@@ -268,9 +245,9 @@ impl WebhookSender {
         let mut summary = serde_json::json!({ "status": status, "replayed": deduplicated });
         let class = classify_http_status(status);
         if store && class.is_none() {
-            body::keep(&mut response, &mut summary).await;
+            body::keep(&mut response, &mut summary, deadline).await;
         } else {
-            body::drain(&mut response).await;
+            body::drain(&mut response, deadline).await;
         }
         match class {
             None => Ok(Delivered {

@@ -2,7 +2,7 @@
 //! optional `reconcile` lookup and `store_response` flag) checked and turned into a
 //! [`Request`], or refused as `invalid` with a message that names fields, never values.
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -45,7 +45,7 @@ pub struct Request {
     /// Where to.
     pub url: url::Url,
     /// POST, PUT or PATCH.
-    pub method: reqwest::Method,
+    pub method: hyper::Method,
     /// The application's own headers.
     pub headers: HeaderMap,
     /// The body bytes, identical on every attempt.
@@ -119,11 +119,11 @@ pub fn parse_payload_with(
         .map_err(|_| DeliveryError::invalid("payload is not a JSON object of the webhook shape"))?;
     let url = parse_url("payload.url", p.url, urls)?;
     let method = match p.method {
-        None | Some(serde_json::Value::Null) => reqwest::Method::POST,
+        None | Some(serde_json::Value::Null) => hyper::Method::POST,
         Some(serde_json::Value::String(m)) => match m.to_ascii_uppercase().as_str() {
-            "POST" => reqwest::Method::POST,
-            "PUT" => reqwest::Method::PUT,
-            "PATCH" => reqwest::Method::PATCH,
+            "POST" => hyper::Method::POST,
+            "PUT" => hyper::Method::PUT,
+            "PATCH" => hyper::Method::PATCH,
             _ => {
                 return Err(DeliveryError::invalid(
                     "payload.method must be POST, PUT or PATCH",
@@ -311,14 +311,14 @@ mod tests {
             r#"{"url": "https://example.com/h?t=1", "body": {"b": 1.50, "a": [1, 2]}}"#,
         )
         .expect("valid");
-        assert_eq!(ok.method, reqwest::Method::POST);
+        assert_eq!(ok.method, hyper::Method::POST);
         // The body is sent exactly as stored, byte for byte.
         assert_eq!(ok.body, br#"{"b": 1.50, "a": [1, 2]}"#);
         let put = parse_payload(
             r#"{"url": "http://x.example", "method": "put", "headers": {"X-A": "1"}}"#,
         )
         .expect("valid");
-        assert_eq!(put.method, reqwest::Method::PUT);
+        assert_eq!(put.method, hyper::Method::PUT);
         assert_eq!(put.body, b"null");
         assert_eq!(
             put.headers.get("x-a").map(|v| v.as_bytes()),

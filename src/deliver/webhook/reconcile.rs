@@ -105,12 +105,16 @@ impl WebhookSender {
     ) -> (Lookup, Option<Result<Delivered, DeliveryError>>) {
         let host = host_of(url);
         let t0 = Instant::now();
+        let deadline = tokio::time::Instant::from_std(deadline);
         let sent = self
             .client
-            .get(url.clone())
-            .headers(self.identity_headers(p.req.headers.clone(), p, b""))
-            .timeout(deadline.saturating_duration_since(t0))
-            .send()
+            .send(
+                hyper::Method::GET,
+                url,
+                self.identity_headers(p.req.headers.clone(), p, b""),
+                bytes::Bytes::new(),
+                deadline,
+            )
             .await;
         let (verdict, status, result) = match sent {
             Ok(mut r) => {
@@ -118,7 +122,9 @@ impl WebhookSender {
                 let verdict = Verdict::of_status(status);
                 let result = match verdict.next() {
                     Next::Send => None,
-                    Next::Delivered => Some(Ok(self.found(&mut r, p.req.store_response).await)),
+                    Next::Delivered => {
+                        Some(Ok(self.found(&mut r, p.req.store_response, deadline).await))
+                    }
                     Next::Fail(class) => Some(Err(DeliveryError {
                         status: Some(i32::from(status)),
                         retry_after,
@@ -154,7 +160,12 @@ impl WebhookSender {
     /// The delivered result of a lookup that found the operation: its summary says
     /// `reconciled`, and with `store_response` it keeps the lookup's body (the provider's
     /// record of the operation is the result there is to keep).
-    async fn found(&self, response: &mut reqwest::Response, store: bool) -> Delivered {
+    async fn found(
+        &self,
+        response: &mut super::client::Response,
+        store: bool,
+        deadline: tokio::time::Instant,
+    ) -> Delivered {
         let (status, deduplicated, _) = super::answer_headers(response);
         let mut summary = serde_json::json!({
             "status": status,
@@ -162,7 +173,7 @@ impl WebhookSender {
             "reconciled": true,
         });
         if store {
-            body::keep(response, &mut summary).await;
+            body::keep(response, &mut summary, deadline).await;
         }
         Delivered {
             status: Some(i32::from(status)),
