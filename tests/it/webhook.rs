@@ -360,30 +360,49 @@ async fn a_302_is_not_followed_and_is_dead_permanent() {
 }
 
 /// Credentials in the URL go as HTTP Basic authentication, as curl and every HTTP client
-/// send them: never in the request line or the `host` header, and never in the stored
-/// error of a failed attempt.
+/// send them, unless the payload sets `authorization` itself: never in the request line or
+/// the `host` header, and never in a stored error, of a status or of a failed connection.
 #[tokio::test]
 async fn credentials_in_the_url_are_sent_as_basic_auth_and_nowhere_else() {
     use base64::Engine as _;
     let db = TestDb::new().await;
     let rx = Receiver::start().await;
-    rx.script([Reply::Status(503), Reply::Status(204)]);
+    rx.script([Reply::Status(503), Reply::Status(204), Reply::Status(204)]);
+    let with_credentials = |url: String| url.replacen("http://", "http://al%20ice:S3CRET-PW@", 1);
     let key = "basic-auth";
-    let url = rx
-        .url("/hook?q=1")
-        .replacen("http://", "http://al%20ice:S3CRET-PW@", 1);
-    enqueue_webhook(&db, key, &url, 3, true).await;
+    enqueue_webhook(&db, key, &with_credentials(rx.url("/hook?q=1")), 3, true).await;
+    // The payload's own header wins over the URL's credentials.
+    let own = "basic-auth:own-header";
+    let payload = json!({
+        "url": with_credentials(rx.url("/own")),
+        "headers": {"Authorization": "Bearer app-token"},
+        "body": {},
+    });
+    enqueue_payload(&db, own, payload, 1, true).await;
+    // A connection refused: the transport error's text is stored too.
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let refused = "basic-auth:refused";
+    let url =
+        format!("http://al%20ice:S3CRET-PW@127.0.0.1:{closed_port}/SECRET-PATH?SECRET-QUERY=1");
+    enqueue_webhook(&db, refused, &url, 1, true).await;
+
     let w = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
     let row = wait_for_state(&db, key, "delivered", WAIT).await;
+    wait_for_state(&db, own, "delivered", WAIT).await;
+    wait_for_state(&db, refused, "dead", WAIT).await;
     w.stop().await;
     assert_eq!(row.attempts, 2);
-    let reqs = rx.requests();
-    assert_eq!(reqs.len(), 2);
     let basic = format!(
         "Basic {}",
         base64::engine::general_purpose::STANDARD.encode("al ice:S3CRET-PW")
     );
-    for r in &reqs {
+    let reqs = rx.requests();
+    let to_hook: Vec<_> = reqs.iter().filter(|r| r.uri.path() == "/hook").collect();
+    assert_eq!(to_hook.len(), 2);
+    for r in to_hook {
         assert_eq!(r.header("authorization").as_deref(), Some(basic.as_str()));
         assert_eq!(
             r.uri.to_string(),
@@ -395,21 +414,50 @@ async fn credentials_in_the_url_are_sent_as_basic_auth_and_nowhere_else() {
             Some(rx.addr.to_string().as_str())
         );
     }
-    let errors: Vec<String> = db
-        .client()
-        .await
+    let to_own: Vec<_> = reqs.iter().filter(|r| r.uri.path() == "/own").collect();
+    assert_eq!(to_own.len(), 1);
+    assert_eq!(
+        to_own[0].header("authorization").as_deref(),
+        Some("Bearer app-token")
+    );
+    let c = db.client().await;
+    let stored: Vec<String> = c
         .query(
-            "SELECT coalesce(error, '') FROM outbox.attempts a
-             JOIN outbox.messages m ON m.id = a.message_id WHERE m.message_key = $1",
-            &[&key],
+            "SELECT coalesce(a.error, '') || ' ' || coalesce(m.last_error, '')
+             FROM outbox.attempts a JOIN outbox.messages m ON m.id = a.message_id
+             WHERE m.message_key LIKE 'basic-auth%'",
+            &[],
         )
         .await
         .unwrap()
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(errors.len(), 2);
-    assert!(errors.iter().all(|e| !e.contains("S3CRET")), "{errors:?}");
+    assert_eq!(stored.len(), 4, "{stored:?}");
+    let refused_error = c
+        .query_one(
+            "SELECT last_error FROM outbox.messages WHERE message_key = $1",
+            &[&refused],
+        )
+        .await
+        .unwrap()
+        .get::<_, Option<String>>(0)
+        .unwrap_or_default();
+    assert!(
+        refused_error.starts_with("cannot connect to 127.0.0.1"),
+        "{refused_error}"
+    );
+    for e in &stored {
+        for secret in [
+            "S3CRET",
+            "al ice",
+            "al%20ice",
+            "SECRET-PATH",
+            "SECRET-QUERY",
+        ] {
+            assert!(!e.contains(secret), "{secret} in {e}");
+        }
+    }
 }
 
 /// A server that accepts the connection and never answers the TLS handshake: the connect
@@ -427,14 +475,12 @@ async fn a_tls_handshake_that_never_comes_is_transient() {
         }
     });
     let key = "tls:silent";
-    let url = format!("https://localhost:{port}/hook");
+    // An address, not `localhost`: the listener is on IPv4 only.
+    let url = format!("https://127.0.0.1:{port}/hook");
     enqueue_webhook(&db, key, &url, 1, true).await;
-    let cfg = WebhookConfig {
-        // Connect timeout: half of it, 1 s; the whole request would give up at 2 s.
-        timeout: Duration::from_secs(2),
-        ..test_webhook_config()
-    };
-    let w = RunningWorker::start(&db, test_worker_config("w"), cfg);
+    // The test config's timeout is 2 s: the connect timeout is 1 s, and the whole request
+    // would give up at 2 s (ambiguous) if the connect timeout did not cover the handshake.
+    let w = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
     let row = wait_for_state(&db, key, "dead", WAIT).await;
     w.stop().await;
     held.abort();
@@ -455,7 +501,7 @@ async fn a_tls_handshake_that_never_comes_is_transient() {
     // `ambiguous`).
     assert_eq!(class.as_deref(), Some("exhausted"), "{error:?}");
     let error = error.unwrap_or_default();
-    assert!(error.starts_with("cannot connect to localhost"), "{error}");
+    assert!(error.starts_with("cannot connect to 127.0.0.1"), "{error}");
     assert!(error.contains("connect timed out"), "{error}");
 }
 

@@ -19,8 +19,12 @@
 //!   that was written (hyper-util retries only a request that never left, on a pooled
 //!   connection found closed);
 //! * `user-agent` and `accept: */*` unless the payload's headers set them, and
-//!   credentials in the URL sent as HTTP Basic authentication, never as part of the
-//!   request line.
+//!   credentials in the URL sent as HTTP Basic authentication (unless the payload sets
+//!   `authorization` itself), never as part of the request line; credentials that are not
+//!   UTF-8 once decoded make the message `invalid` (reqwest sent such a request without
+//!   them);
+//! * TCP keepalive (15 s, 3 probes) and `TCP_USER_TIMEOUT` (30 s), reqwest's defaults, and
+//!   ALPN `http/1.1`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,7 +36,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Uri};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -78,20 +82,32 @@ impl HttpClient {
     pub fn new(resolver: GuardedResolver, connect_timeout: Duration) -> Result<Self, ConfigError> {
         use rustls_platform_verifier::BuilderVerifierExt as _;
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
+        let mut tls = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .and_then(|b| b.with_platform_verifier())
             .map_err(|e| ConfigError(format!("cannot set up TLS for webhooks: {e}")))?
             .with_no_client_auth();
+        // Offered as reqwest offered it (HTTP/1 only): a server that requires ALPN, or
+        // knows its clients by their handshake, sees the same ClientHello.
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
         let mut http = HttpConnector::new_with_resolver(resolver);
         // The TLS layer above takes https URIs through this connector.
         http.enforce_http(false);
         http.set_nodelay(true);
-        let https = HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+        // Per address (hyper-util splits it among a name's addresses, so one that drops
+        // packets does not take the whole budget); the wrapper below bounds TCP and TLS
+        // together.
+        http.set_connect_timeout(Some(connect_timeout));
+        // reqwest's defaults: a pooled connection that died (a NAT or a firewall forgot it)
+        // is found by the keepalive probes while it is idle, not by the next request after
+        // it was written (which would be ambiguous).
+        http.set_keepalive(Some(Duration::from_secs(15)));
+        http.set_keepalive_interval(Some(Duration::from_secs(15)));
+        http.set_keepalive_retries(Some(3));
+        #[cfg(target_os = "linux")]
+        http.set_tcp_user_timeout(Some(Duration::from_secs(30)));
+        // Plain http through the inner connector, https with TLS (not forced).
+        let https = HttpsConnector::from((http, tls));
         let inner = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .pool_timer(TokioTimer::new())
@@ -115,8 +131,10 @@ impl HttpClient {
         deadline: tokio::time::Instant,
     ) -> Result<Response, SendError> {
         let (uri, basic) = target(url)?;
+        // The payload's own `authorization`, if it has one, wins (as with curl and
+        // reqwest).
         if let Some(auth) = basic {
-            headers.insert(header::AUTHORIZATION, auth);
+            headers.entry(header::AUTHORIZATION).or_insert(auth);
         }
         headers
             .entry(header::USER_AGENT)
