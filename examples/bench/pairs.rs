@@ -37,11 +37,35 @@ fn proc_cpu(pid: u32) -> Option<(f64, f64)> {
 }
 
 /// CPU seconds of the whole PostgreSQL cluster whose postmaster is `pm`.
+///
+/// The postmaster's reaped children and its live ones are read at two moments: a backend
+/// reaped between them would be in neither (some drains printed PostgreSQL figures half
+/// the others'). So the scan is repeated until the reaped children's total is the same
+/// before and after it.
 fn pg_cpu(pm: u32) -> f64 {
+    // (the postmaster's own user + system, its reaped children's user + system)
+    let own_and_reaped = |pm: u32| {
+        stat_fields(pm)
+            .map(|f| {
+                let sum = |r: std::ops::Range<usize>| f.get(r).map_or(0, |s| s.iter().sum());
+                (sum(11..13), sum(13..15))
+            })
+            .unwrap_or((0, 0))
+    };
     let mut ticks = 0u64;
-    if let Some(f) = stat_fields(pm) {
-        ticks += f.get(11..15).map(|s| s.iter().sum()).unwrap_or(0);
+    for _ in 0..20 {
+        let (own, reaped) = own_and_reaped(pm);
+        ticks = own + reaped + live_children_ticks(pm);
+        if own_and_reaped(pm).1 == reaped {
+            break;
+        }
     }
+    ticks as f64 / USER_HZ
+}
+
+/// user + system ticks of the live children of `pm`.
+fn live_children_ticks(pm: u32) -> u64 {
+    let mut ticks = 0u64;
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for e in dir.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
@@ -54,7 +78,7 @@ fn pg_cpu(pm: u32) -> f64 {
             }
         }
     }
-    ticks as f64 / USER_HZ
+    ticks
 }
 
 fn loadavg() -> String {
