@@ -38,3 +38,4 @@ mod tidy;
 mod traces;
 mod wakeups;
 mod webhook;
+mod webhook_tls;

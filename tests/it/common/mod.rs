@@ -10,6 +10,7 @@ pub mod binary;
 pub mod cluster;
 pub mod console;
 pub mod faulty;
+pub mod pki;
 pub mod receiver;
 pub mod smtp;
 
