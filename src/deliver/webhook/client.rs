@@ -242,6 +242,50 @@ mod tests {
         assert!(auth.is_some(), "a user without a password is still sent");
     }
 
+    /// Hostile URLs the payload rules accept: every one gives a target or a one-line
+    /// `Build` error, never a panic, and no target carries credentials, whitespace or a
+    /// control character (the request line cannot be split or smuggled through).
+    #[test]
+    fn hostile_urls_give_a_clean_target_or_an_error() {
+        let long = format!("https://h.example/{}", "a".repeat(70_000));
+        let urls = [
+            "http://h.example/a|b^c[d]e{f}g`h\\i",
+            "http://h.example/?q=\"x\"&r=<s>&t='u'",
+            "http://h.example/\t\r\nX-Injected: 1",
+            "http://h.example/%0d%0aX-Injected:%201",
+            "http://h.example/\u{0}\u{1b}[31m\u{202e}",
+            "http://h.example:65535/",
+            "http://xn--bcher-kva.example/p?€=€",
+            "http://bücher.example/p",
+            "http://[::ffff:1.2.3.4]:81/",
+            "http://u%0d%0a:p%0aX@h.example/",
+            "http://:@h.example/",
+            long.as_str(),
+        ];
+        for raw in urls {
+            let Ok(url) = url::Url::parse(raw) else {
+                continue;
+            };
+            match target(&url) {
+                Ok((uri, auth)) => {
+                    let s = uri.to_string();
+                    assert!(
+                        !s.chars().any(|c| c.is_whitespace() || c.is_control()),
+                        "{s:?}"
+                    );
+                    assert!(!s.contains('@'), "{s:?}");
+                    if let Some(a) = auth {
+                        assert!(a.to_str().is_ok_and(|v| v.starts_with("Basic ")));
+                    }
+                }
+                Err(SendError::Build(why)) => {
+                    assert!(!why.contains('\n') && !why.contains("h.example"), "{why}");
+                }
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn credentials_that_are_not_text_are_refused_not_sent() {
         let url = url::Url::parse("http://%ff:x@h.example/").expect("valid");
