@@ -374,16 +374,11 @@ async fn an_open_host_with_a_deep_backlog_does_not_make_the_claim_spin() {
         .collect();
     let plan = plan.join("\n");
     eprintln!("claim with 100 000 rows of an open host and 100 healthy:\n{plan}");
-    let claimed: Vec<String> = c
-        .query(
-            "SELECT message_key FROM outbox.messages WHERE state = 'running'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let claimed: Vec<String> = first_column(
+        &c,
+        "SELECT message_key FROM outbox.messages WHERE state = 'running'",
+    )
+    .await;
     assert_eq!(claimed.len(), 64, "{claimed:?}");
     assert!(claimed.iter().all(|k| k.starts_with("ok:")), "{claimed:?}");
     // The due scan stopped after the rows it took: no scan of the open host's backlog.

@@ -194,13 +194,8 @@ async fn a_batch_of_completions_is_fenced_row_by_row() {
     assert_eq!(outcomes.len(), 2);
     assert!(outcomes.contains(&(claimed[0].id, AttemptOutcome::Delivered)));
     assert!(outcomes.contains(&(claimed[1].id, AttemptOutcome::LeaseLost)));
-    let states: Vec<String> = c
-        .query("SELECT state FROM outbox.messages ORDER BY id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let states: Vec<String> =
+        first_column(&c, "SELECT state FROM outbox.messages ORDER BY id").await;
     assert_eq!(states, ["delivered", "running"]);
 }
 
@@ -385,16 +380,8 @@ async fn a_killed_worker_process_loses_its_lease_and_another_finishes() {
         // Sent twice, with the same key both times: the receiver can deduplicate.
         assert_eq!(rx.requests_for(&key).len(), 2);
     }
-    let workers: Vec<String> = c
-        .query(
-            "SELECT DISTINCT worker FROM outbox.attempts ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let workers: Vec<String> =
+        first_column(&c, "SELECT DISTINCT worker FROM outbox.attempts ORDER BY 1").await;
     assert_eq!(workers, ["doomed", "rescuer"]);
 }
 

@@ -342,13 +342,8 @@ async fn purge_deletes_old_finished_rows_in_batches() {
         [1001, 2001, 2501],
         "bounded batches, progress after each"
     );
-    let left: Vec<String> = c
-        .query("SELECT message_key FROM outbox.messages ORDER BY 1", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let left: Vec<String> =
+        first_column(&c, "SELECT message_key FROM outbox.messages ORDER BY 1").await;
     assert_eq!(left, ["fresh", "fresh-cancelled", "old-dead"]);
 
     let (code, _, err) = cli(&db, &["purge", "--older-than", "1h"]);

@@ -504,16 +504,11 @@ async fn hostile_ordering_keys_are_refused_or_stored_verbatim() {
             .await
             .unwrap();
     }
-    let stored: Vec<Option<String>> = c
-        .query(
-            "SELECT ordering_key FROM outbox.messages WHERE message_key IN ('q0', 'q1')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let stored: Vec<Option<String>> = first_column(
+        &c,
+        "SELECT ordering_key FROM outbox.messages WHERE message_key IN ('q0', 'q1')",
+    )
+    .await;
     assert_eq!(stored, [Some(sqlish.to_owned()), Some(sqlish.to_owned())]);
     let got = claim_n(&c, 10, "w").await;
     assert_eq!(

@@ -630,19 +630,8 @@ async fn the_lookup_is_its_own_log_step_and_no_path_query_or_header_value_is_kep
         assert!(line.contains("host=127.0.0.1"), "{line}");
     }
     assert!(steps[0].contains("status=500"), "{}", steps[0]);
-    let history: Vec<String> = db
-        .client()
-        .await
-        .query(
-            "SELECT coalesce(a.error, '') || ' ' || coalesce(m.last_error, '') || ' ' || coalesce(m.response::text, '') \
-             FROM outbox.attempts a JOIN outbox.messages m ON m.id = a.message_id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let history: Vec<String> = first_column(&db.client().await, "SELECT coalesce(a.error, '') || ' ' || coalesce(m.last_error, '') || ' ' || coalesce(m.response::text, '') \
+             FROM outbox.attempts a JOIN outbox.messages m ON m.id = a.message_id").await;
     for secret in ["LOOKUPPATH123", "LOOKUPQUERY456", "HEADERVALUE789"] {
         assert!(!text.contains(secret), "{secret} in the logs:\n{text}");
         for h in &history {

@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use common::TestDb;
+use common::{TestDb, first_column};
 
 /// One line per catalog object of the `outbox` schema, sorted.
 const CATALOG: &str = r#"
@@ -35,13 +35,7 @@ ORDER BY 1
 
 async fn catalog(db: &TestDb) -> Vec<String> {
     let client = db.client().await;
-    client
-        .query(CATALOG, &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
+    first_column(&client, CATALOG).await
 }
 
 #[tokio::test]

@@ -392,7 +392,7 @@ async fn credentials_in_the_url_are_sent_as_basic_auth_and_nowhere_else() {
     let w = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
     let row = wait_for_state(&db, key, "delivered", WAIT).await;
     wait_for_state(&db, own, "delivered", WAIT).await;
-    wait_for_state(&db, refused, "dead", WAIT).await;
+    let refused_row = wait_for_state(&db, refused, "dead", WAIT).await;
     w.stop().await;
     assert_eq!(row.attempts, 2);
     let basic = format!(
@@ -421,28 +421,15 @@ async fn credentials_in_the_url_are_sent_as_basic_auth_and_nowhere_else() {
         Some("Bearer app-token")
     );
     let c = db.client().await;
-    let stored: Vec<String> = c
-        .query(
-            "SELECT coalesce(a.error, '') || ' ' || coalesce(m.last_error, '')
+    let stored: Vec<String> = first_column(
+        &c,
+        "SELECT coalesce(a.error, '') || ' ' || coalesce(m.last_error, '')
              FROM outbox.attempts a JOIN outbox.messages m ON m.id = a.message_id
              WHERE m.message_key LIKE 'basic-auth%'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    )
+    .await;
     assert_eq!(stored.len(), 4, "{stored:?}");
-    let refused_error = c
-        .query_one(
-            "SELECT last_error FROM outbox.messages WHERE message_key = $1",
-            &[&refused],
-        )
-        .await
-        .unwrap()
-        .get::<_, Option<String>>(0)
-        .unwrap_or_default();
+    let refused_error = refused_row.last_error.unwrap_or_default();
     assert!(
         refused_error.starts_with("cannot connect to 127.0.0.1"),
         "{refused_error}"
@@ -835,26 +822,16 @@ async fn no_secret_reaches_logs_or_stored_errors_and_every_attempt_is_logged() {
 
     let text = logs.text();
     let c = db.client().await;
-    let last_errors: Vec<String> = c
-        .query(
-            "SELECT message_key || ': ' || coalesce(last_error, '') FROM outbox.messages",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let attempt_errors: Vec<String> = c
-        .query(
-            "SELECT coalesce(error, '') FROM outbox.attempts WHERE error IS NOT NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let last_errors: Vec<String> = first_column(
+        &c,
+        "SELECT message_key || ': ' || coalesce(last_error, '') FROM outbox.messages",
+    )
+    .await;
+    let attempt_errors: Vec<String> = first_column(
+        &c,
+        "SELECT coalesce(error, '') FROM outbox.attempts WHERE error IS NOT NULL",
+    )
+    .await;
     assert!(!attempt_errors.is_empty());
     for secret in SECRETS {
         assert!(

@@ -72,20 +72,6 @@ fn drain(db: &TestDb, ca_file: &str) {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
 }
 
-async fn last_error(db: &TestDb, key: &str) -> (String, Option<String>, String) {
-    let r = db
-        .client()
-        .await
-        .query_one(
-            "SELECT state, error_class, coalesce(last_error, '') FROM outbox.messages
-             WHERE message_key = $1",
-            &[&key],
-        )
-        .await
-        .unwrap();
-    (r.get(0), r.get(1), r.get(2))
-}
-
 #[tokio::test]
 async fn an_https_webhook_is_delivered_and_an_unknown_ca_is_a_transient_failure() {
     let dir = std::env::temp_dir().join(format!(
@@ -101,9 +87,14 @@ async fn an_https_webhook_is_delivered_and_an_unknown_ca_is_a_transient_failure(
 
     enqueue_webhook(&db, "tls:trusted", &url, 1, true).await;
     drain(&db, &pki.path("ca.crt"));
+    let trusted = row(&db, "tls:trusted").await;
     assert_eq!(
-        last_error(&db, "tls:trusted").await,
-        ("delivered".into(), None, String::new())
+        (
+            trusted.state.as_str(),
+            trusted.error_class,
+            trusted.last_error
+        ),
+        ("delivered", None, None)
     );
     let seen = rx.requests(Duration::from_secs(2)).await;
     assert_eq!(seen, ["REQ POST /hook?x=1"]);
@@ -113,9 +104,10 @@ async fn an_https_webhook_is_delivered_and_an_unknown_ca_is_a_transient_failure(
     // the message is dead as `exhausted`, never `ambiguous`).
     enqueue_webhook(&db, "tls:unknown-ca", &url, 1, true).await;
     drain(&db, &pki.path("other-ca.crt"));
-    let (state, class, error) = last_error(&db, "tls:unknown-ca").await;
-    assert_eq!(state, "dead");
-    assert_eq!(class.as_deref(), Some("exhausted"), "{error}");
+    let unknown = row(&db, "tls:unknown-ca").await;
+    let error = unknown.last_error.unwrap_or_default();
+    assert_eq!(unknown.state, "dead");
+    assert_eq!(unknown.error_class.as_deref(), Some("exhausted"), "{error}");
     assert!(error.starts_with("cannot connect to localhost"), "{error}");
     assert!(error.contains("certificate"), "{error}");
     assert!(

@@ -391,6 +391,19 @@ pub struct Row {
     pub response: Option<serde_json::Value>,
 }
 
+/// The first column of every row `sql` returns (a query without parameters).
+pub async fn first_column<T: for<'a> tokio_postgres::types::FromSql<'a>>(
+    c: &Client,
+    sql: &str,
+) -> Vec<T> {
+    c.query(sql, &[])
+        .await
+        .expect(sql)
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 /// Reads a message by key.
 pub async fn row(db: &TestDb, key: &str) -> Row {
     let c = db.client().await;
