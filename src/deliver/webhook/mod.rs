@@ -231,7 +231,7 @@ impl WebhookSender {
         let store = p.req.store_response;
         // The deadline covers the response's body too: a receiver that never ends it costs
         // the attempt's timeout, not more.
-        let deadline = tokio::time::Instant::now() + left;
+        let deadline = tokio::time::Instant::from_std(deadline);
         let body = bytes::Bytes::from(std::mem::take(&mut p.req.body));
         let result = self
             .client
