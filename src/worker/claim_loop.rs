@@ -1,14 +1,14 @@
-//! The claim loop, as named steps: reap finished tasks, [`ClaimLoop::claim_round`] (one
-//! claim per lane with room, each claimed row spawned as a delivery task), then
-//! [`ClaimLoop::after_claim`] decides what comes next: claim again at once (a claim came
-//! back full), wait for a slot (every lane is full), back off (the database failed), or
-//! wait for a wake-up or the poll interval (idle; with `--drain`, stop when nothing is
-//! left).
+//! The claim loop, as named steps: reap finished tasks, [`ClaimLoop::start_claims`] (a
+//! claim for each lane that may claim, each on its own connection, up to [`MAX_CLAIMS`] in
+//! flight), then wait for an event: a claim coming back ([`ClaimLoop::claimed`]: each row
+//! spawned as a delivery task; a full batch arms its lane to claim again at once, a short
+//! one leaves it waiting; with `--drain`, stop when nothing is left), a wake-up (a place
+//! freed, new messages), the poll interval or a back-off's end.
 
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
@@ -23,7 +23,15 @@ use crate::model::AttemptOutcome;
 use crate::state::DeferReason;
 use crate::support::lock;
 
-/// The loop's state between rounds.
+/// Most claims in flight at once, over every lane. A claim's statement waits for its
+/// commit to reach the disk before it answers (an attempt is counted before it is sent),
+/// and under a backlog the deliveries used up a batch claimed ahead sooner than the next
+/// claim came back: the two cores sat idle a fifth of a drain while the one claim in flight
+/// waited for its flush (bench/RESULTS.md, 2026-12-06). A second claim, on its own
+/// connection, runs while the first waits. More would only queue behind the same disk.
+pub(super) const MAX_CLAIMS: usize = 2;
+
+/// The loop's state between events.
 pub(super) struct ClaimLoop {
     shared: Arc<Shared>,
     /// One permit per delivery in flight (`--concurrency`).
@@ -31,40 +39,48 @@ pub(super) struct ClaimLoop {
     done_tx: mpsc::Sender<Done>,
     /// Tells the LISTEN task whether the loop is idle, so that it holds the idle mark.
     idle_tx: watch::Sender<bool>,
-    /// Most delivery tasks at once: the concurrency plus up to two batches claimed ahead.
+    /// Most delivery tasks at once, the rows of claims in flight counted: the concurrency
+    /// plus two batches ahead per claim in flight ([`MAX_CLAIMS`]).
     capacity: usize,
     lanes: Vec<Lane>,
     tasks: JoinSet<()>,
+    /// The claims in flight, each a task of its own on a connection of its own.
+    claims: JoinSet<ClaimDone>,
+    /// Each claim task's lane and the rows it asked for, to give its places back should it
+    /// end without an answer.
+    claim_tasks: Vec<(tokio::task::Id, usize, usize)>,
+    /// Rows the claims in flight may bring, over every lane: places kept for them.
+    reserved: usize,
     db_backoff: Backoff,
+    /// After a failed claim, none starts before this.
+    not_before: Option<Instant>,
     /// When the claims' and completions' pool last threw its plans away
     /// ([`super::PLAN_REFRESH`]).
     plans_made: Instant,
 }
 
-/// What one round of claims found.
-struct Round {
-    /// At least one lane had room and claimed.
-    claimed_any: bool,
-    /// Some claim came back full: more is due.
-    full: bool,
-    /// Rows picked over every lane (dead-lettered ones included).
-    picked: usize,
-    /// Why a claim failed, if one did (the rest of the round was skipped).
-    failed: Option<String>,
+/// What came back from one claim.
+struct ClaimDone {
+    /// Its lane, by index.
+    lane: usize,
+    /// How many rows it asked for (the places kept for it).
+    want: usize,
+    /// Taken before the claim: the lease runs from the claim's statement, so this is never
+    /// later than the lease's own start.
+    claimed_at: Instant,
+    result: Result<claim::ClaimBatch, String>,
 }
 
-/// What the loop does after a round.
-enum Next {
-    /// More is due: claim again at once.
-    ClaimAgain,
-    /// Every lane is full: wait until a delivery finishes.
-    WaitForSlot,
-    /// The database failed: try again after this.
-    BackOff(Duration),
-    /// Idle: wait for a wake-up or the poll interval.
-    Idle,
-    /// `--drain` and nothing is left.
-    Stop,
+/// What woke the loop.
+enum Event {
+    /// A claim came back.
+    Claimed(ClaimDone),
+    /// A delivery freed a place, or the LISTEN task saw new messages.
+    Woken,
+    /// The poll interval, a deferred message's due time, or the end of a back-off.
+    Timer,
+    /// `shutdown` resolved.
+    Shutdown,
 }
 
 impl ClaimLoop {
@@ -76,13 +92,14 @@ impl ClaimLoop {
         let cfg = &shared.cfg;
         // Rows claimed ahead of free slots: each waits in its task for a slot, so a slot
         // that frees starts its next message at once instead of after a claim's round trip
-        // (with a backlog, that round trip is what left slots idle). Up to two batches
-        // ahead, never more than twice the concurrency: under load a claim's statement
-        // shares the two cores with the deliveries, and one batch ahead ran out before the
-        // next claim came back (bench/RESULTS.md, 2026-12-06: 1.13 with two). A row ahead
-        // passed the breakers' gate at its claim; `Breakers::recheck` stops it before its
-        // request if its host has opened since.
-        let capacity = cfg.concurrency + 2 * cfg.concurrency.min(cfg.batch_size);
+        // (with a backlog, that round trip is what left slots idle). Two batches ahead for
+        // each claim that may be in flight: the places of a claim in flight are kept for it
+        // from its start, and with two in flight and two batches in all, each came back
+        // with a fraction of a batch and the cores sat as idle as with one claim
+        // (bench/RESULTS.md, 2026-12-06). A row ahead passed the breakers' gate at its
+        // claim; `Breakers::recheck` stops it before its request if its host has opened
+        // since.
+        let capacity = cfg.concurrency + 2 * MAX_CLAIMS * cfg.concurrency.min(cfg.batch_size);
         ClaimLoop {
             slots: Arc::new(Semaphore::new(cfg.concurrency)),
             lanes: Lane::plan(&cfg.channels, &shared.deliverers, capacity),
@@ -91,46 +108,72 @@ impl ClaimLoop {
             done_tx,
             idle_tx,
             tasks: JoinSet::new(),
+            claims: JoinSet::new(),
+            claim_tasks: Vec::new(),
+            reserved: 0,
             db_backoff: Backoff::new(),
+            not_before: None,
             plans_made: Instant::now(),
         }
     }
 
     /// Claims and spawns until `shutdown` resolves (or, with `--drain`, nothing is left).
+    ///
+    /// Each turn starts every claim that may start ([`ClaimLoop::start_claims`]), then waits
+    /// for the next event: a claim coming back (its rows are spawned as delivery tasks), a
+    /// wake-up (a place freed, new messages), a timer, or the shutdown.
     pub(super) async fn run(&mut self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = pin!(shutdown);
         loop {
             while let Some(ended) = self.tasks.try_join_next() {
                 self.give_back_if_panicked(ended);
             }
-            let Some(round) = self.claim_round(shutdown.as_mut()).await else {
-                return;
+            if self.not_before.is_some_and(|t| t <= Instant::now()) {
+                self.not_before = None;
+            }
+            if self.not_before.is_none() {
+                self.start_claims().await;
+            }
+            // The poll interval, or sooner when a deferred message comes due, or the end of
+            // a back-off.
+            let poll = Instant::now() + self.shared.cfg.poll_interval;
+            let until = match self.not_before {
+                Some(t) => t,
+                None => self.shared.next_alarm().map_or(poll, |a| a.min(poll)),
             };
-            let next = self.after_claim(round).await;
-            let stopped = match next {
-                Next::ClaimAgain => false,
-                Next::Stop => true,
-                Next::WaitForSlot => tokio::select! {
-                    _ = self.shared.wake.notified() => false,
-                    _ = shutdown.as_mut() => true,
-                },
-                Next::BackOff(wait) => tokio::select! {
-                    _ = tokio::time::sleep(wait) => false,
-                    _ = shutdown.as_mut() => true,
-                },
-                Next::Idle => {
-                    // The poll interval, or sooner when a deferred message comes due.
-                    let poll = Instant::now() + self.shared.cfg.poll_interval;
-                    let until = self.shared.next_alarm().map_or(poll, |a| a.min(poll));
-                    tokio::select! {
-                        _ = self.shared.wake.notified() => false,
-                        _ = tokio::time::sleep_until(until.into()) => false,
-                        _ = shutdown.as_mut() => true,
+            let event = tokio::select! {
+                // A stop that is already due starts nothing more; then a claim that came
+                // back: its rows are what the slots wait for.
+                biased;
+                _ = shutdown.as_mut() => Event::Shutdown,
+                Some(done) = self.claims.join_next_with_id(), if !self.claims.is_empty() => {
+                    match done {
+                        Ok((id, done)) => {
+                            self.claim_tasks.retain(|t| t.0 != id);
+                            Event::Claimed(done)
+                        }
+                        Err(e) => {
+                            self.lost_claim(e.id());
+                            Event::Woken
+                        }
                     }
                 }
+                _ = self.shared.wake.notified() => Event::Woken,
+                _ = tokio::time::sleep_until(until.into()) => Event::Timer,
             };
-            if stopped {
-                return;
+            match event {
+                Event::Shutdown => return,
+                Event::Claimed(done) => {
+                    if self.claimed(done).await {
+                        return;
+                    }
+                }
+                // Anything may be due again: every lane may claim.
+                Event::Woken | Event::Timer => {
+                    for lane in &mut self.lanes {
+                        lane.armed = true;
+                    }
+                }
             }
         }
     }
@@ -151,19 +194,41 @@ impl ClaimLoop {
         }
     }
 
-    /// The delivery tasks still running, and the completer's sender, for shutdown.
+    /// A claim task that ended without an answer (it panicked: a bug, as nothing in it
+    /// unwraps outside input): its places are given back and its lane may claim again.
+    /// Rows it may have taken keep their leases, which expire (nothing was sent).
+    fn lost_claim(&mut self, id: tokio::task::Id) {
+        tracing::error!("a claim task failed; claiming again");
+        let Some(i) = self.claim_tasks.iter().position(|t| t.0 == id) else {
+            return;
+        };
+        let (_, index, want) = self.claim_tasks.swap_remove(i);
+        self.reserved = self.reserved.saturating_sub(want);
+        if let Some(lane) = self.lanes.get_mut(index) {
+            lane.reserved = lane.reserved.saturating_sub(want);
+            lane.claiming = lane.claiming.saturating_sub(1);
+            lane.armed = true;
+        }
+    }
+
+    /// The delivery tasks still running, and the completer's sender, for shutdown. Claims
+    /// still in flight are dropped: one cut off after it committed leaves rows leased to
+    /// us that we never saw; their leases expire and the next claim takes them over
+    /// (nothing was sent).
     pub(super) fn into_parts(self) -> (JoinSet<()>, mpsc::Sender<Done>) {
         (self.tasks, self.done_tx)
     }
 
-    /// One claim per lane with room, each row spawned as a delivery task. None when
-    /// `shutdown` resolved first.
-    async fn claim_round(
-        &mut self,
-        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
-    ) -> Option<Round> {
-        let shared = &self.shared;
+    /// Starts a claim on every lane that may claim now: armed (its last claim came back
+    /// full, or something happened since it came back short), with fewer claims in flight
+    /// than it may have (two under a backlog, one otherwise, [`MAX_CLAIMS`] in all), and
+    /// with room for a useful batch once the places of the claims in flight are kept.
+    async fn start_claims(&mut self) {
+        let shared = self.shared.clone();
         let cfg = &shared.cfg;
+        if self.claims.len() >= MAX_CLAIMS {
+            return;
+        }
         // A claimed row holds its place until the completer has recorded its outcome, not
         // only until its task ends: what the breakers learn from an outcome (`record`, run
         // by the completer before it frees the places) is then known before the places it
@@ -172,15 +237,13 @@ impl ClaimLoop {
         // written (with `--breaker-threshold 1`, up to 30 instead of at most 2). A delivery
         // gives its place back when its task hands it over (`Done::frees_place_when_sent`):
         // it teaches the breakers nothing that must come first.
-        let mut free = self
+        let free = self
             .capacity
-            .saturating_sub(shared.inflight.load(Ordering::SeqCst));
-        let mut round = Round {
-            claimed_any: false,
-            full: false,
-            picked: 0,
-            failed: None,
-        };
+            .saturating_sub(shared.inflight.load(Ordering::SeqCst))
+            .saturating_sub(self.reserved);
+        if !self.lanes.iter().any(|l| l.may_claim(free, cfg)) {
+            return;
+        }
         shared
             .breakers
             .refresh(&shared.pools.general, cfg.poll_interval)
@@ -189,100 +252,120 @@ impl ClaimLoop {
             shared.pools.refresh_plans();
             self.plans_made = Instant::now();
         }
-        for lane in &mut self.lanes {
-            let room = free.min(lane.room());
+        let mut free = free;
+        for (index, lane) in self.lanes.iter_mut().enumerate() {
+            if self.claims.len() >= MAX_CLAIMS {
+                break;
+            }
             // With a backlog, wait until a useful number of slots is free so each claim
             // fetches a batch rather than one row per finished delivery; when the queue
             // is idle, any free slot takes a new message at once.
-            if room < lane.threshold(cfg) {
+            if !lane.may_claim(free, cfg) {
                 continue;
             }
-            let want = room.min(cfg.batch_size);
-            // Taken before the claim: the lease runs from the claim's statement, so this is
-            // never later than the lease's own start.
+            let want = free.min(lane.room()).min(cfg.batch_size);
+            free -= want;
+            self.reserved += want;
+            lane.reserved += want;
+            lane.claiming += 1;
+            // A lane whose claims come back short is not asked again until something
+            // happens; one with a backlog may start its second claim at once.
+            lane.armed = lane.backlog;
+            let shared = shared.clone();
+            let channels = lane.channels.clone();
             let claimed_at = Instant::now();
-            // Bounded, and raced against shutdown: a database that stops answering must
-            // neither freeze the loop nor delay a SIGTERM. A claim cut off after it
-            // committed leaves rows leased to us that we never saw; their leases expire and
-            // the next claim takes them over (nothing was sent). Shutdown is checked
-            // first: a stop that is already due never starts a claim.
-            let claimed = tokio::select! {
-                biased;
-                _ = shutdown.as_mut() => return None,
-                r = bounded(async {
+            // Bounded: a database that stops answering must not hold the lane's places
+            // for ever. Shutdown does not wait for it (the loop drops the task).
+            let task = self.claims.spawn(async move {
+                let cfg = &shared.cfg;
+                let result = bounded(async {
                     let client = checkout(&shared.pools.hot).await?;
                     claim::claim_cached(
                         &client,
-                        &lane.channels,
+                        &channels,
                         want,
                         &cfg.worker_id,
                         cfg.lease,
                         &cfg.retry,
                     )
-                        .await
-                        .map_err(|e| crate::db::describe(&e))
-                }) => r,
-            };
-            let batch = match claimed {
-                Ok(b) => b,
-                Err(e) => {
-                    round.failed = Some(e);
-                    break;
-                }
-            };
-            round.claimed_any = true;
-            log_expired(shared, &batch.gave_up, &batch.deferred);
-            // Expired leases settled by the claim took places in the batch too: a full
-            // batch, whatever it held, means another round may find more.
-            let picked = batch.claimed.len() + batch.gave_up.len() + batch.deferred.len();
-            round.picked += picked;
-            free = free.saturating_sub(batch.claimed.len());
-            crate::metrics::claim_batch(batch.claimed.len());
-            for msg in batch.claimed {
-                // An open circuit: the row goes back unsent and uncounted, without a task
-                // (the delivery task never touches the database).
-                if let Some(host) = &msg.destination {
-                    if let Gate::Defer(delay) = shared
-                        .breakers
-                        .gate(&shared.pools.general, msg.id, host)
-                        .await
-                    {
-                        shared.inflight.fetch_add(1, Ordering::SeqCst);
-                        let _ = self
-                            .done_tx
-                            .send(Done::deferred(msg, DeferReason::Breaker, delay))
-                            .await;
-                        continue;
-                    }
-                }
-                spawn_attempt(
-                    &mut self.tasks,
-                    shared,
-                    &self.slots,
-                    &self.done_tx,
-                    lane,
-                    msg,
+                    .await
+                    .map_err(|e| crate::db::describe(&e))
+                })
+                .await;
+                ClaimDone {
+                    lane: index,
+                    want,
                     claimed_at,
-                );
-            }
-            lane.backlog = picked == want;
-            round.full |= lane.backlog;
+                    result,
+                }
+            });
+            self.claim_tasks.push((task.id(), index, want));
         }
-        Some(round)
     }
 
-    /// What comes after a round; also tells the LISTEN task whether the loop is idle.
-    async fn after_claim(&mut self, round: Round) -> Next {
-        if let Some(e) = round.failed {
-            let wait = self.db_backoff.next();
-            tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "claim failed; retrying");
-            return Next::BackOff(wait);
-        }
-        if !round.claimed_any {
-            // Every lane is full: a finished delivery wakes the loop.
-            return Next::WaitForSlot;
-        }
+    /// A claim came back: its rows become delivery tasks, its places are no longer kept,
+    /// and the lane learns whether more is due. True when the loop should stop (`--drain`
+    /// and nothing left).
+    async fn claimed(&mut self, done: ClaimDone) -> bool {
+        let shared = self.shared.clone();
+        let ClaimDone {
+            lane: index,
+            want,
+            claimed_at,
+            result,
+        } = done;
+        self.reserved = self.reserved.saturating_sub(want);
+        let Some(lane) = self.lanes.get_mut(index) else {
+            return false;
+        };
+        lane.reserved = lane.reserved.saturating_sub(want);
+        lane.claiming = lane.claiming.saturating_sub(1);
+        let batch = match result {
+            Ok(b) => b,
+            Err(e) => {
+                let wait = self.db_backoff.next();
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "claim failed; retrying");
+                self.not_before = Some(Instant::now() + wait);
+                lane.armed = true;
+                return false;
+            }
+        };
         self.db_backoff.reset();
+        log_expired(&shared, &batch.gave_up, &batch.deferred);
+        // Expired leases settled by the claim took places in the batch too: a full
+        // batch, whatever it held, means another claim may find more.
+        let picked = batch.claimed.len() + batch.gave_up.len() + batch.deferred.len();
+        crate::metrics::claim_batch(batch.claimed.len());
+        for msg in batch.claimed {
+            // An open circuit: the row goes back unsent and uncounted, without a task
+            // (the delivery task never touches the database).
+            if let Some(host) = &msg.destination {
+                if let Gate::Defer(delay) = shared
+                    .breakers
+                    .gate(&shared.pools.general, msg.id, host)
+                    .await
+                {
+                    shared.inflight.fetch_add(1, Ordering::SeqCst);
+                    let _ = self
+                        .done_tx
+                        .send(Done::deferred(msg, DeferReason::Breaker, delay))
+                        .await;
+                    continue;
+                }
+            }
+            spawn_attempt(
+                &mut self.tasks,
+                &shared,
+                &self.slots,
+                &self.done_tx,
+                lane,
+                msg,
+                claimed_at,
+            );
+        }
+        lane.backlog = picked == want;
+        lane.armed = lane.backlog;
+        lane.last_picked = Some(picked);
         // Idle while any lane's last claim came back short: that lane needs wake-ups.
         let busy = self.lanes.iter().all(|l| l.backlog);
         self.idle_tx.send_if_modified(|idle| {
@@ -290,21 +373,24 @@ impl ClaimLoop {
             *idle = !busy;
             changed
         });
-        if round.full {
-            return Next::ClaimAgain;
-        }
-        let shared = &self.shared;
-        if shared.cfg.drain && round.picked == 0 && shared.inflight.load(Ordering::SeqCst) == 0 {
-            match drain_done(shared).await {
-                Ok(true) => {
-                    tracing::info!("drained: nothing pending or running on this worker's channels");
-                    return Next::Stop;
+        shared.cfg.drain
+            && self.claims.is_empty()
+            && self.lanes.iter().all(|l| l.last_picked == Some(0))
+            && shared.inflight.load(Ordering::SeqCst) == 0
+            && match drain_done(&shared).await {
+                Ok(done) => {
+                    if done {
+                        tracing::info!(
+                            "drained: nothing pending or running on this worker's channels"
+                        );
+                    }
+                    done
                 }
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "drain check failed"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "drain check failed");
+                    false
+                }
             }
-        }
-        Next::Idle
     }
 }
 

@@ -22,6 +22,16 @@ pub(super) struct Lane {
     pub(super) inflight: Arc<AtomicUsize>,
     /// The lane's last claim came back full: more is due.
     pub(super) backlog: bool,
+    /// The lane may claim without waiting for a wake-up: its last claim came back full, or
+    /// something happened since (a place freed, new messages, the poll interval).
+    pub(super) armed: bool,
+    /// Claims of this lane in flight.
+    pub(super) claiming: usize,
+    /// Rows those claims may bring: places kept for them.
+    pub(super) reserved: usize,
+    /// How many rows the lane's last claim picked (`--drain` stops once every lane's last
+    /// claim found none and nothing is in flight).
+    pub(super) last_picked: Option<usize>,
 }
 
 impl Lane {
@@ -35,6 +45,10 @@ impl Lane {
             cap,
             inflight: Arc::new(AtomicUsize::new(0)),
             backlog: false,
+            armed: true,
+            claiming: 0,
+            reserved: 0,
+            last_picked: None,
         };
         let mut lanes = Vec::new();
         let mut shared = Vec::new();
@@ -50,10 +64,21 @@ impl Lane {
         lanes
     }
 
-    /// How many more of this lane's messages may be claimed now.
+    /// How many more of this lane's messages may be claimed now, the rows of its claims in
+    /// flight counted as claimed.
     pub(super) fn room(&self) -> usize {
         self.cap
             .saturating_sub(self.inflight.load(Ordering::SeqCst))
+            .saturating_sub(self.reserved)
+    }
+
+    /// May the lane start a claim now, with `free` places left in the loop? Armed, with
+    /// fewer claims in flight than it may have (two under a backlog, so that one runs while
+    /// the other waits for its commit; one otherwise), and room for at least
+    /// [`Lane::threshold`] rows.
+    pub(super) fn may_claim(&self, free: usize, cfg: &WorkerConfig) -> bool {
+        let most = if self.backlog { 2 } else { 1 };
+        self.armed && self.claiming < most && free.min(self.room()) >= self.threshold(cfg)
     }
 
     /// The least room worth a claim.
@@ -79,5 +104,80 @@ impl InLane {
 impl Drop for InLane {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane(cap: usize) -> Lane {
+        Lane {
+            channels: vec![Channel::Webhook],
+            cap,
+            inflight: Arc::new(AtomicUsize::new(0)),
+            backlog: false,
+            armed: true,
+            claiming: 0,
+            reserved: 0,
+            last_picked: None,
+        }
+    }
+
+    /// 64 in flight, batches of up to 100: a quarter of 64 is worth a claim under a backlog.
+    fn cfg() -> WorkerConfig {
+        WorkerConfig {
+            concurrency: 64,
+            batch_size: 100,
+            ..WorkerConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_lane_without_a_backlog_has_one_claim_in_flight_and_one_with_a_backlog_two() {
+        let cfg = cfg();
+        let mut l = lane(320);
+        assert!(l.may_claim(320, &cfg));
+        l.claiming = 1;
+        assert!(!l.may_claim(320, &cfg), "idle: one claim at a time");
+        l.backlog = true;
+        assert!(
+            l.may_claim(320, &cfg),
+            "a backlog: a second claim while the first waits"
+        );
+        l.claiming = 2;
+        assert!(!l.may_claim(320, &cfg), "never a third");
+    }
+
+    #[test]
+    fn the_rows_of_claims_in_flight_count_against_the_room() {
+        let cfg = cfg();
+        let mut l = lane(320);
+        l.backlog = true;
+        l.inflight.store(200, Ordering::SeqCst);
+        assert_eq!(l.room(), 120);
+        l.claiming = 1;
+        l.reserved = 100;
+        assert_eq!(l.room(), 20);
+        assert!(
+            l.may_claim(320, &cfg),
+            "20 rows are worth a claim (at least 16)"
+        );
+        l.reserved = 110;
+        assert!(!l.may_claim(320, &cfg), "10 are not");
+        // The loop's own free places bound it too.
+        l.reserved = 0;
+        assert!(!l.may_claim(15, &cfg));
+    }
+
+    #[test]
+    fn a_lane_that_is_not_armed_waits_for_a_wake_up() {
+        let cfg = cfg();
+        let mut l = lane(320);
+        l.armed = false;
+        assert!(!l.may_claim(320, &cfg));
+        // With no backlog any free place is worth a claim once armed.
+        l.armed = true;
+        assert!(l.may_claim(1, &cfg));
     }
 }

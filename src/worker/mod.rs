@@ -7,9 +7,10 @@
 //! ```
 //!
 //! * The claim loop asks for as many rows as it has free slots, plus up to two batches
-//!   ahead (at most `batch_size` per claim), in one short committed statement; a row
-//!   claimed ahead waits in its task for a slot, and asks the breaker again before its
-//!   request. No transaction is open while a message is sent.
+//!   ahead per claim in flight (at most `batch_size` per claim), in one short committed
+//!   statement; under a backlog a second claim runs while the first waits for its commit.
+//!   A row claimed ahead waits in its task for a slot, and asks the breaker again before
+//!   its request. No transaction is open while a message is sent.
 //! * A channel that bounds its own sends (e-mail: the relay's connections) is claimed in a
 //!   lane of its own, never past that bound.
 //! * An attempt starts only when its whole timeout, and a margin, still fit in the lease

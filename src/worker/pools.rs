@@ -35,12 +35,15 @@ pub struct Pools {
 }
 
 impl Pools {
-    /// The two pools on `db`: `general` connections for the general pool, two for the hot
-    /// one (the claim loop and the completer each run one statement at a time).
+    /// The two pools on `db`: `general` connections for the general pool, and for the hot
+    /// one a connection per claim that may be in flight
+    /// ([`MAX_CLAIMS`](super::claim_loop::MAX_CLAIMS)) and one for the completer, which
+    /// runs one statement at a time.
     pub fn new(db: &Database, general: usize) -> Result<Pools, ConfigError> {
+        let hot = super::claim_loop::MAX_CLAIMS + 1;
         Ok(Pools {
             general: crate::db::pool(db, general)?,
-            hot: crate::db::pool_with_setup(db, 2, crate::queries::CLAIM_SETUP)?,
+            hot: crate::db::pool_with_setup(db, hot, crate::queries::CLAIM_SETUP)?,
             remake_plans: true,
         })
     }

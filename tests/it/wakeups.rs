@@ -138,10 +138,11 @@ async fn a_message_committed_after_the_worker_went_idle_is_still_sent_at_once() 
     let worker = RunningWorker::start(&db, cfg, webhook);
     wait_for_idle_marks(&db, 1, "the idle worker to hold the mark").await;
 
-    // Three due messages fill the worker's claim (one slot, two claimed ahead): busy.
+    // Five due messages fill the worker's claim (one slot, and two batches of one ahead for
+    // each of the two claims that may be in flight): busy.
     let c = db.client().await;
     c.batch_execute("BEGIN").await.unwrap();
-    for key in ["busy:1", "busy:2", "busy:3"] {
+    for key in ["busy:1", "busy:2", "busy:3", "busy:4", "busy:5"] {
         let msg = outboxd::NewMessage::webhook(
             key,
             serde_json::json!({"url": receiver.url("/slow"), "body": {}}),
@@ -167,7 +168,7 @@ async fn a_message_committed_after_the_worker_went_idle_is_still_sent_at_once() 
 
     // The worker finishes, finds nothing (the transaction is open) and goes idle.
     let ready = db.client().await;
-    wait_for_count(&ready, "delivered", 3, Duration::from_secs(20)).await;
+    wait_for_count(&ready, "delivered", 5, Duration::from_secs(20)).await;
     wait_for_idle_marks(&db, 1, "the idle worker to hold the mark again").await;
     assert!(
         receiver.requests_for("late").is_empty(),
