@@ -1008,13 +1008,14 @@ async fn explain_claim(client: &Client) -> anyhow::Result<Vec<String>> {
         .await?;
     client
         .batch_execute(&format!(
-            "PREPARE bench_claim(text[], bigint, text, float8, float8[], float8) AS {}",
+            "PREPARE bench_claim(text[], bigint, text, float8, float8[], float8, uuid) AS {}",
             outboxd::queries::CLAIM
         ))
         .await?;
     let rows = client
         .query(
-            "EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim('{webhook}', 64, 'bench', 60, '{5}', 0)",
+            "EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim('{webhook}', 64, 'bench', 60, '{5}', 0, \
+             gen_random_uuid())",
             &[],
         )
         .await?;
@@ -1194,14 +1195,14 @@ async fn ceiling(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let url = fresh_db(o, "bench_ceiling").await?;
     let client = connect(&url).await?;
     let payload = o.payload(&o.sink);
-    // The claim, as a top-level data-modifying statement whose result pgbench can \gset:
-    // its final UPDATE becomes a CTE and the arrays COMPLETE needs are aggregated from it.
+    // The claim, as a statement whose result pgbench can \gset: its final SELECT (the
+    // claimed rows and the settled ones) becomes an aggregate of the arrays COMPLETE needs.
     let claim = outboxd::queries::CLAIM.trim();
-    let upd = claim
-        .rfind("UPDATE outbox.messages m SET")
+    let last = claim
+        .rfind("SELECT id, message_key, channel, payload, attempts")
         .context("claim shape")?;
     let claim_cte = format!(
-        "{}, claimed AS ({})\nSELECT coalesce(array_agg(id), '{{}}') AS ids, \
+        "{}\nSELECT coalesce(array_agg(id), '{{}}') AS ids, \
          coalesce(array_agg(lease_token), '{{}}') AS tokens, \
          coalesce(array_agg('delivered'::text), '{{}}') AS states, \
          coalesce(array_agg(0::float8), '{{}}') AS delays, \
@@ -1212,8 +1213,7 @@ async fn ceiling(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
          coalesce(array_agg(204), '{{}}') AS statuses, \
          coalesce(array_agg(false), '{{}}') AS dedups, \
          coalesce(array_agg(now()), '{{}}') AS started FROM claimed",
-        claim[..upd].trim_end(),
-        &claim[upd..]
+        claim[..last].trim_end(),
     );
     // pgbench takes one statement per line: drop the SQL comments, then join the lines.
     let one_line = |s: &str| {
@@ -1227,7 +1227,11 @@ async fn ceiling(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         .replace("$1::text[]", "'{webhook}'::text[]")
         .replace("$2", ":batch")
         .replace("$3::text", "'pgbench'::text")
-        .replace("$4::float8", "60::float8");
+        .replace("$4::float8", "60::float8")
+        .replace("$5::float8[]", "'{5}'::float8[]")
+        .replace("$6::float8", "0::float8")
+        // The worker makes one token per claim.
+        .replace("$7::uuid", "(SELECT gen_random_uuid())");
     let complete_line = one_line(outboxd::queries::COMPLETE)
         .replace("$10", ":statuses")
         .replace("$11", ":dedups")

@@ -98,13 +98,14 @@ pub struct ClaimBatch {
 }
 
 /// The parameter types of [`queries::CLAIM`].
-const CLAIM_TYPES: [Type; 6] = [
+const CLAIM_TYPES: [Type; 7] = [
     Type::TEXT_ARRAY,
     Type::INT8,
     Type::TEXT,
     Type::FLOAT8,
     Type::FLOAT8_ARRAY,
     Type::FLOAT8,
+    Type::UUID,
 ];
 
 /// Claims up to `limit` due messages of `channels` for `worker`, leased for `lease`, and
@@ -166,6 +167,8 @@ struct ClaimArgs<'a> {
     lease_secs: f64,
     schedule: Vec<f64>,
     jitter: f64,
+    /// This claim's lease token: random (version 4), from the thread's CSPRNG.
+    token: Uuid,
 }
 
 impl<'a> ClaimArgs<'a> {
@@ -176,10 +179,11 @@ impl<'a> ClaimArgs<'a> {
             lease_secs: lease.as_secs_f64(),
             schedule: retry.schedule(),
             jitter: RetryPolicy::JITTER,
+            token: uuid::Builder::from_random_bytes(rand::random()).into_uuid(),
         }
     }
 
-    fn params<'b>(&'b self, worker: &'b &str) -> [&'b (dyn ToSql + Sync); 6] {
+    fn params<'b>(&'b self, worker: &'b &str) -> [&'b (dyn ToSql + Sync); 7] {
         [
             &self.channels,
             &self.limit,
@@ -187,6 +191,7 @@ impl<'a> ClaimArgs<'a> {
             &self.lease_secs,
             &self.schedule,
             &self.jitter,
+            &self.token,
         ]
     }
 }

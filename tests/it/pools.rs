@@ -54,7 +54,10 @@ async fn claim_plan(client: &deadpool_postgres::Client) -> String {
         .get(0);
     client
         .query(
-            &format!("EXPLAIN (COSTS OFF) EXECUTE {name}('{{webhook}}', 64, 'w', 30, '{{1}}', 0)"),
+            &format!(
+                "EXPLAIN (COSTS OFF) EXECUTE {name}('{{webhook}}', 64, 'w', 30, '{{1}}', 0, \
+                 '00000000-0000-4000-8000-000000000000')"
+            ),
             &[],
         )
         .await
