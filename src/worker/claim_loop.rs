@@ -31,6 +31,9 @@ use crate::support::lock;
 /// connection, runs while the first waits. More would only queue behind the same disk.
 pub(super) const MAX_CLAIMS: usize = 2;
 
+/// How long a stop waits for the claims in flight (a healthy one answers in milliseconds).
+const CLAIMS_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The loop's state between events.
 pub(super) struct ClaimLoop {
     shared: Arc<Shared>,
@@ -162,7 +165,10 @@ impl ClaimLoop {
                 _ = tokio::time::sleep_until(until.into()) => Event::Timer,
             };
             match event {
-                Event::Shutdown => return,
+                Event::Shutdown => {
+                    self.give_back_claims_in_flight().await;
+                    return;
+                }
                 Event::Claimed(done) => {
                     if self.claimed(done).await {
                         return;
@@ -195,10 +201,16 @@ impl ClaimLoop {
     }
 
     /// A claim task that ended without an answer (it panicked: a bug, as nothing in it
-    /// unwraps outside input): its places are given back and its lane may claim again.
-    /// Rows it may have taken keep their leases, which expire (nothing was sent).
+    /// unwraps outside input): its places are given back and its lane may claim again
+    /// after a back-off, as after a failed claim. Rows it may have taken keep their leases,
+    /// which expire (nothing was sent).
     fn lost_claim(&mut self, id: tokio::task::Id) {
-        tracing::error!("a claim task failed; claiming again");
+        let wait = self.db_backoff.next();
+        tracing::error!(
+            retry_in_ms = wait.as_millis() as u64,
+            "a claim task failed; claiming again"
+        );
+        self.not_before = Some(Instant::now() + wait);
         let Some(i) = self.claim_tasks.iter().position(|t| t.0 == id) else {
             return;
         };
@@ -211,10 +223,44 @@ impl ClaimLoop {
         }
     }
 
+    /// At shutdown: the claims still in flight may have committed, and their rows are
+    /// leased to us; waiting briefly for them and giving their rows back (uncounted, due at
+    /// once, as `claim::release` does) saves each row a lease expiry, which would count an
+    /// attempt never made and could dead-letter it as ambiguous. Bounded by
+    /// [`CLAIMS_AT_SHUTDOWN`]: a database that stops answering must not delay a SIGTERM;
+    /// a claim cut off then leaves rows whose leases expire.
+    async fn give_back_claims_in_flight(&mut self) {
+        let shared = self.shared.clone();
+        let collect = async {
+            while let Some(done) = self.claims.join_next().await {
+                let Ok(ClaimDone {
+                    result: Ok(batch), ..
+                }) = done
+                else {
+                    continue;
+                };
+                log_expired(&shared, &batch.gave_up, &batch.deferred);
+                for msg in batch.claimed {
+                    shared.inflight.fetch_add(1, Ordering::SeqCst);
+                    let _ = self
+                        .done_tx
+                        .send(Done::Released(msg.id, msg.lease_token))
+                        .await;
+                }
+            }
+        };
+        if tokio::time::timeout(CLAIMS_AT_SHUTDOWN, collect)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "a claim did not come back before the stop; its rows are settled when their leases expire"
+            );
+        }
+    }
+
     /// The delivery tasks still running, and the completer's sender, for shutdown. Claims
-    /// still in flight are dropped: one cut off after it committed leaves rows leased to
-    /// us that we never saw; their leases expire and the next claim takes them over
-    /// (nothing was sent).
+    /// still in flight after [`ClaimLoop::give_back_claims_in_flight`] are dropped.
     pub(super) fn into_parts(self) -> (JoinSet<()>, mpsc::Sender<Done>) {
         (self.tasks, self.done_tx)
     }
@@ -226,6 +272,17 @@ impl ClaimLoop {
     async fn start_claims(&mut self) {
         let shared = self.shared.clone();
         let cfg = &shared.cfg;
+        // Every turn, as the old round did, whether or not a claim can start: a worker whose
+        // places are all taken by slow requests still learns that another worker opened a
+        // host, before its rows claimed ahead ask `recheck`. (Both are rate-limited.)
+        shared
+            .breakers
+            .refresh(&shared.pools.general, cfg.poll_interval)
+            .await;
+        if self.plans_made.elapsed() >= super::PLAN_REFRESH {
+            shared.pools.refresh_plans();
+            self.plans_made = Instant::now();
+        }
         if self.claims.len() >= MAX_CLAIMS {
             return;
         }
@@ -241,17 +298,6 @@ impl ClaimLoop {
             .capacity
             .saturating_sub(shared.inflight.load(Ordering::SeqCst))
             .saturating_sub(self.reserved);
-        if !self.lanes.iter().any(|l| l.may_claim(free, cfg)) {
-            return;
-        }
-        shared
-            .breakers
-            .refresh(&shared.pools.general, cfg.poll_interval)
-            .await;
-        if self.plans_made.elapsed() >= super::PLAN_REFRESH {
-            shared.pools.refresh_plans();
-            self.plans_made = Instant::now();
-        }
         let mut free = free;
         for (index, lane) in self.lanes.iter_mut().enumerate() {
             if self.claims.len() >= MAX_CLAIMS {
@@ -364,7 +410,10 @@ impl ClaimLoop {
             );
         }
         lane.backlog = picked == want;
-        lane.armed = lane.backlog;
+        // A wake-up that came while the claim ran (new messages, a freed place, the
+        // listener's "claim once more" after it took the idle mark) still counts: the
+        // claim's snapshot may be older than what it announced.
+        lane.armed |= lane.backlog;
         lane.last_picked = Some(picked);
         // Idle while any lane's last claim came back short: that lane needs wake-ups.
         let busy = self.lanes.iter().all(|l| l.backlog);

@@ -521,6 +521,37 @@ async fn shutdown_lets_an_in_flight_attempt_finish() {
     assert_eq!(row_state(&db, "grace:1").await, "delivered");
 }
 
+/// A stop under a backlog leaves no row leased. Up to two claims are in flight then, and
+/// each may have committed: the loop waits for them and gives their rows back, unsent and
+/// uncounted, as it does the rows claimed ahead that never got a slot. (Dropped, their
+/// rows kept their leases and would later be settled as ambiguous attempts never made.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_under_a_backlog_leaves_no_row_leased() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    enqueue_n(&db, "stop", &rx.url("/h"), 4000).await;
+    let cfg = outboxd::config::WorkerConfig {
+        concurrency: 8,
+        batch_size: 16,
+        ..test_worker_config("w")
+    };
+    let w = RunningWorker::start(&db, cfg, test_webhook_config());
+    rx.wait_for(300, Duration::from_secs(20)).await;
+    let summary = w.stop().await;
+    let c = db.client().await;
+    let running: Vec<i64> = first_column(
+        &c,
+        "SELECT count(*) FROM outbox.messages WHERE state = 'running'",
+    )
+    .await;
+    assert_eq!(running, [0], "rows left leased by a stopped worker");
+    // Every attempt counted was made: one request each, nothing else.
+    let counted: Vec<i64> =
+        first_column(&c, "SELECT sum(attempts)::bigint FROM outbox.messages").await;
+    assert_eq!(counted, [rx.requests().len() as i64]);
+    assert_eq!(summary.delivered, rx.requests().len() as u64);
+}
+
 #[tokio::test]
 async fn a_notification_wakes_an_idle_worker() {
     let db = TestDb::new().await;
