@@ -48,12 +48,10 @@ pub(super) struct ClaimLoop {
     lanes: Vec<Lane>,
     tasks: JoinSet<()>,
     /// The claims in flight, each a task of its own on a connection of its own.
-    claims: JoinSet<ClaimDone>,
-    /// Each claim task's lane and the rows it asked for, to give its places back should it
-    /// end without an answer.
-    claim_tasks: Vec<(tokio::task::Id, usize, usize)>,
-    /// Rows the claims in flight may bring, over every lane: places kept for them.
-    reserved: usize,
+    claims: JoinSet<Result<claim::ClaimBatch, String>>,
+    /// What the loop knows of each claim in flight, read back when its task ends, with an
+    /// answer or without.
+    claim_tasks: Vec<ClaimTask>,
     db_backoff: Backoff,
     /// After a failed claim, none starts before this.
     not_before: Option<Instant>,
@@ -62,8 +60,9 @@ pub(super) struct ClaimLoop {
     plans_made: Instant,
 }
 
-/// What came back from one claim.
-struct ClaimDone {
+/// A claim in flight.
+struct ClaimTask {
+    id: tokio::task::Id,
     /// Its lane, by index.
     lane: usize,
     /// How many rows it asked for (the places kept for it).
@@ -71,13 +70,12 @@ struct ClaimDone {
     /// Taken before the claim: the lease runs from the claim's statement, so this is never
     /// later than the lease's own start.
     claimed_at: Instant,
-    result: Result<claim::ClaimBatch, String>,
 }
 
 /// What woke the loop.
 enum Event {
     /// A claim came back.
-    Claimed(ClaimDone),
+    Claimed(ClaimTask, Result<claim::ClaimBatch, String>),
     /// A delivery freed a place, or the LISTEN task saw new messages.
     Woken,
     /// The poll interval, a deferred message's due time, or the end of a back-off.
@@ -113,7 +111,6 @@ impl ClaimLoop {
             tasks: JoinSet::new(),
             claims: JoinSet::new(),
             claim_tasks: Vec::new(),
-            reserved: 0,
             db_backoff: Backoff::new(),
             not_before: None,
             plans_made: Instant::now(),
@@ -151,10 +148,10 @@ impl ClaimLoop {
                 _ = shutdown.as_mut() => Event::Shutdown,
                 Some(done) = self.claims.join_next_with_id(), if !self.claims.is_empty() => {
                     match done {
-                        Ok((id, done)) => {
-                            self.claim_tasks.retain(|t| t.0 != id);
-                            Event::Claimed(done)
-                        }
+                        Ok((id, result)) => match self.take_claim_task(id) {
+                            Some(task) => Event::Claimed(task, result),
+                            None => Event::Woken,
+                        },
                         Err(e) => {
                             self.lost_claim(e.id());
                             Event::Woken
@@ -169,8 +166,8 @@ impl ClaimLoop {
                     self.give_back_claims_in_flight().await;
                     return;
                 }
-                Event::Claimed(done) => {
-                    if self.claimed(done).await {
+                Event::Claimed(task, result) => {
+                    if self.claimed(task, result).await {
                         return;
                     }
                 }
@@ -211,16 +208,19 @@ impl ClaimLoop {
             "a claim task failed; claiming again"
         );
         self.not_before = Some(Instant::now() + wait);
-        let Some(i) = self.claim_tasks.iter().position(|t| t.0 == id) else {
+        let Some(task) = self.take_claim_task(id) else {
             return;
         };
-        let (_, index, want) = self.claim_tasks.swap_remove(i);
-        self.reserved = self.reserved.saturating_sub(want);
-        if let Some(lane) = self.lanes.get_mut(index) {
-            lane.reserved = lane.reserved.saturating_sub(want);
-            lane.claiming = lane.claiming.saturating_sub(1);
+        if let Some(lane) = self.lanes.get_mut(task.lane) {
+            lane.claim_ended(task.want);
             lane.armed = true;
         }
+    }
+
+    /// What the loop knew of the claim task `id`, which has ended.
+    fn take_claim_task(&mut self, id: tokio::task::Id) -> Option<ClaimTask> {
+        let i = self.claim_tasks.iter().position(|t| t.id == id)?;
+        Some(self.claim_tasks.swap_remove(i))
     }
 
     /// At shutdown: the claims still in flight may have committed, and their rows are
@@ -233,10 +233,7 @@ impl ClaimLoop {
         let shared = self.shared.clone();
         let collect = async {
             while let Some(done) = self.claims.join_next().await {
-                let Ok(ClaimDone {
-                    result: Ok(batch), ..
-                }) = done
-                else {
+                let Ok(Ok(batch)) = done else {
                     continue;
                 };
                 log_expired(&shared, &batch.gave_up, &batch.deferred);
@@ -294,11 +291,11 @@ impl ClaimLoop {
         // written (with `--breaker-threshold 1`, up to 30 instead of at most 2). A delivery
         // gives its place back when its task hands it over (`Done::frees_place_when_sent`):
         // it teaches the breakers nothing that must come first.
-        let free = self
+        let reserved: usize = self.lanes.iter().map(|l| l.reserved).sum();
+        let mut free = self
             .capacity
             .saturating_sub(shared.inflight.load(Ordering::SeqCst))
-            .saturating_sub(self.reserved);
-        let mut free = free;
+            .saturating_sub(reserved);
         for (index, lane) in self.lanes.iter_mut().enumerate() {
             if self.claims.len() >= MAX_CLAIMS {
                 break;
@@ -311,9 +308,7 @@ impl ClaimLoop {
             }
             let want = free.min(lane.room()).min(cfg.batch_size);
             free -= want;
-            self.reserved += want;
-            lane.reserved += want;
-            lane.claiming += 1;
+            lane.claim_started(want);
             // A lane whose claims come back short is not asked again until something
             // happens; one with a backlog may start its second claim at once.
             lane.armed = lane.backlog;
@@ -321,10 +316,11 @@ impl ClaimLoop {
             let channels = lane.channels.clone();
             let claimed_at = Instant::now();
             // Bounded: a database that stops answering must not hold the lane's places
-            // for ever. Shutdown does not wait for it (the loop drops the task).
+            // for ever. A stop waits for it only briefly
+            // ([`ClaimLoop::give_back_claims_in_flight`]).
             let task = self.claims.spawn(async move {
                 let cfg = &shared.cfg;
-                let result = bounded(async {
+                bounded(async {
                     let client = checkout(&shared.pools.hot).await?;
                     claim::claim_cached(
                         &client,
@@ -337,35 +333,36 @@ impl ClaimLoop {
                     .await
                     .map_err(|e| crate::db::describe(&e))
                 })
-                .await;
-                ClaimDone {
-                    lane: index,
-                    want,
-                    claimed_at,
-                    result,
-                }
+                .await
             });
-            self.claim_tasks.push((task.id(), index, want));
+            self.claim_tasks.push(ClaimTask {
+                id: task.id(),
+                lane: index,
+                want,
+                claimed_at,
+            });
         }
     }
 
     /// A claim came back: its rows become delivery tasks, its places are no longer kept,
     /// and the lane learns whether more is due. True when the loop should stop (`--drain`
     /// and nothing left).
-    async fn claimed(&mut self, done: ClaimDone) -> bool {
+    async fn claimed(
+        &mut self,
+        task: ClaimTask,
+        result: Result<claim::ClaimBatch, String>,
+    ) -> bool {
         let shared = self.shared.clone();
-        let ClaimDone {
+        let ClaimTask {
             lane: index,
             want,
             claimed_at,
-            result,
-        } = done;
-        self.reserved = self.reserved.saturating_sub(want);
+            ..
+        } = task;
         let Some(lane) = self.lanes.get_mut(index) else {
             return false;
         };
-        lane.reserved = lane.reserved.saturating_sub(want);
-        lane.claiming = lane.claiming.saturating_sub(1);
+        lane.claim_ended(want);
         let batch = match result {
             Ok(b) => b,
             Err(e) => {

@@ -40,7 +40,23 @@ impl Lane {
         deliverers: &Deliverers,
         capacity: usize,
     ) -> Vec<Lane> {
-        let lane = |channels, cap| Lane {
+        let mut lanes = Vec::new();
+        let mut shared = Vec::new();
+        for &c in channels {
+            match deliverers.capacity(c) {
+                Some(n) => lanes.push(Lane::new(vec![c], n.clamp(1, capacity))),
+                None => shared.push(c),
+            }
+        }
+        if !shared.is_empty() {
+            lanes.push(Lane::new(shared, capacity));
+        }
+        lanes
+    }
+
+    /// A lane of `channels`, at most `cap` of their messages in flight, nothing claimed yet.
+    pub(super) fn new(channels: Vec<Channel>, cap: usize) -> Lane {
+        Lane {
             channels,
             cap,
             inflight: Arc::new(AtomicUsize::new(0)),
@@ -49,19 +65,20 @@ impl Lane {
             claiming: 0,
             reserved: 0,
             last_picked: None,
-        };
-        let mut lanes = Vec::new();
-        let mut shared = Vec::new();
-        for &c in channels {
-            match deliverers.capacity(c) {
-                Some(n) => lanes.push(lane(vec![c], n.clamp(1, capacity))),
-                None => shared.push(c),
-            }
         }
-        if !shared.is_empty() {
-            lanes.push(lane(shared, capacity));
-        }
-        lanes
+    }
+
+    /// A claim of up to `want` rows starts: its places are kept for it.
+    pub(super) fn claim_started(&mut self, want: usize) {
+        self.claiming += 1;
+        self.reserved += want;
+    }
+
+    /// A claim that asked for `want` rows ended (answered, failed or lost): its places are
+    /// no longer kept (the rows it brought are counted by their tasks from now on).
+    pub(super) fn claim_ended(&mut self, want: usize) {
+        self.claiming = self.claiming.saturating_sub(1);
+        self.reserved = self.reserved.saturating_sub(want);
     }
 
     /// How many more of this lane's messages may be claimed now, the rows of its claims in
@@ -112,16 +129,7 @@ mod tests {
     use super::*;
 
     fn lane(cap: usize) -> Lane {
-        Lane {
-            channels: vec![Channel::Webhook],
-            cap,
-            inflight: Arc::new(AtomicUsize::new(0)),
-            backlog: false,
-            armed: true,
-            claiming: 0,
-            reserved: 0,
-            last_picked: None,
-        }
+        Lane::new(vec![Channel::Webhook], cap)
     }
 
     /// 64 in flight, batches of up to 100: a quarter of 64 is worth a claim under a backlog.
