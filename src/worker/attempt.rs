@@ -93,7 +93,12 @@ pub(super) fn spawn_attempt(
             _ = shared.stopping.cancelled() => None,
         };
         let done = match permit {
-            Some(_) => attempt_if_it_fits(&shared, msg, claimed_at).await,
+            Some(_) => {
+                let held = Instant::now();
+                let done = attempt_if_it_fits(&shared, msg, claimed_at).await;
+                shared.slot_time.record(held.elapsed());
+                done
+            }
             None => Done::Released(msg.id, msg.lease_token),
         };
         // Keep the slot until the completer has room: that is the backpressure that stops

@@ -18,6 +18,7 @@ use super::attempt::{Done, spawn_attempt};
 use super::breakers::Gate;
 use super::db_call::{Backoff, bounded, checkout};
 use super::lane::Lane;
+use super::pace;
 use crate::claim;
 use crate::model::AttemptOutcome;
 use crate::state::DeferReason;
@@ -34,6 +35,10 @@ pub(super) const MAX_CLAIMS: usize = 2;
 /// How long a stop waits for the claims in flight (a healthy one answers in milliseconds).
 const CLAIMS_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// What a claim task ends with: its rows and how long its statement took (from a
+/// connection in hand to the answer), or why it failed.
+type ClaimResult = Result<(claim::ClaimBatch, std::time::Duration), String>;
+
 /// The loop's state between events.
 pub(super) struct ClaimLoop {
     shared: Arc<Shared>,
@@ -42,13 +47,16 @@ pub(super) struct ClaimLoop {
     done_tx: mpsc::Sender<Done>,
     /// Tells the LISTEN task whether the loop is idle, so that it holds the idle mark.
     idle_tx: watch::Sender<bool>,
-    /// Most delivery tasks at once, the rows of claims in flight counted: the concurrency
-    /// plus two batches ahead per claim in flight ([`MAX_CLAIMS`]).
-    capacity: usize,
+    /// Most rows claimed ahead of the slots: two batches per claim in flight
+    /// ([`MAX_CLAIMS`]). How many are claimed ahead follows the slots' pace
+    /// ([`pace::ahead`]) below this.
+    most_ahead: usize,
+    /// The claims' round trip, on average: rows ahead cover a few of them.
+    claim_time: pace::Ewma,
     lanes: Vec<Lane>,
     tasks: JoinSet<()>,
     /// The claims in flight, each a task of its own on a connection of its own.
-    claims: JoinSet<Result<claim::ClaimBatch, String>>,
+    claims: JoinSet<ClaimResult>,
     /// What the loop knows of each claim in flight, read back when its task ends, with an
     /// answer or without.
     claim_tasks: Vec<ClaimTask>,
@@ -75,7 +83,7 @@ struct ClaimTask {
 /// What woke the loop.
 enum Event {
     /// A claim came back.
-    Claimed(ClaimTask, Result<claim::ClaimBatch, String>),
+    Claimed(ClaimTask, ClaimResult),
     /// A delivery freed a place, or the LISTEN task saw new messages.
     Woken,
     /// The poll interval, a deferred message's due time, or the end of a back-off.
@@ -93,18 +101,23 @@ impl ClaimLoop {
         let cfg = &shared.cfg;
         // Rows claimed ahead of free slots: each waits in its task for a slot, so a slot
         // that frees starts its next message at once instead of after a claim's round trip
-        // (with a backlog, that round trip is what left slots idle). Two batches ahead for
-        // each claim that may be in flight: the places of a claim in flight are kept for it
-        // from its start, and with two in flight and two batches in all, each came back
-        // with a fraction of a batch and the cores sat as idle as with one claim
-        // (bench/RESULTS.md, 2026-12-06). A row ahead passed the breakers' gate at its
-        // claim; `Breakers::recheck` stops it before its request if its host has opened
-        // since.
-        let capacity = cfg.concurrency + 2 * MAX_CLAIMS * cfg.concurrency.min(cfg.batch_size);
+        // (with a backlog, that round trip is what left slots idle). At most two batches
+        // ahead for each claim that may be in flight: the places of a claim in flight are
+        // kept for it from its start, and with two in flight and two batches in all, each
+        // came back with a fraction of a batch and the cores sat as idle as with one claim
+        // (bench/RESULTS.md, 2026-12-06). Fewer when the slots turn over slowly
+        // ([`pace`]). A row ahead passed the breakers' gate at its claim;
+        // `Breakers::recheck` stops it before its request if its host has opened since.
+        let most_ahead = 2 * MAX_CLAIMS * cfg.concurrency.min(cfg.batch_size);
         ClaimLoop {
             slots: Arc::new(Semaphore::new(cfg.concurrency)),
-            lanes: Lane::plan(&cfg.channels, &shared.deliverers, capacity),
-            capacity,
+            lanes: Lane::plan(
+                &cfg.channels,
+                &shared.deliverers,
+                cfg.concurrency + most_ahead,
+            ),
+            most_ahead,
+            claim_time: pace::Ewma::default(),
             shared,
             done_tx,
             idle_tx,
@@ -233,7 +246,7 @@ impl ClaimLoop {
         let shared = self.shared.clone();
         let collect = async {
             while let Some(done) = self.claims.join_next().await {
-                let Ok(Ok(batch)) = done else {
+                let Ok(Ok((batch, _))) = done else {
                     continue;
                 };
                 log_expired(&shared, &batch.gave_up, &batch.deferred);
@@ -291,9 +304,14 @@ impl ClaimLoop {
         // written (with `--breaker-threshold 1`, up to 30 instead of at most 2). A delivery
         // gives its place back when its task hands it over (`Done::frees_place_when_sent`):
         // it teaches the breakers nothing that must come first.
+        let ahead = pace::ahead(
+            cfg.concurrency,
+            self.most_ahead,
+            shared.slot_time.get(),
+            pace::horizon(self.claim_time.get()),
+        );
         let reserved: usize = self.lanes.iter().map(|l| l.reserved).sum();
-        let mut free = self
-            .capacity
+        let mut free = (cfg.concurrency + ahead)
             .saturating_sub(shared.inflight.load(Ordering::SeqCst))
             .saturating_sub(reserved);
         for (index, lane) in self.lanes.iter_mut().enumerate() {
@@ -303,7 +321,7 @@ impl ClaimLoop {
             // With a backlog, wait until a useful number of slots is free so each claim
             // fetches a batch rather than one row per finished delivery; when the queue
             // is idle, any free slot takes a new message at once.
-            if !lane.may_claim(free, cfg) {
+            if !lane.may_claim(free, ahead, cfg) {
                 continue;
             }
             let want = free.min(lane.room()).min(cfg.batch_size);
@@ -322,7 +340,8 @@ impl ClaimLoop {
                 let cfg = &shared.cfg;
                 bounded(async {
                     let client = checkout(&shared.pools.hot).await?;
-                    claim::claim_cached(
+                    let t = Instant::now();
+                    let batch = claim::claim_cached(
                         &client,
                         &channels,
                         want,
@@ -331,7 +350,8 @@ impl ClaimLoop {
                         &cfg.retry,
                     )
                     .await
-                    .map_err(|e| crate::db::describe(&e))
+                    .map_err(|e| crate::db::describe(&e))?;
+                    Ok((batch, t.elapsed()))
                 })
                 .await
             });
@@ -347,11 +367,7 @@ impl ClaimLoop {
     /// A claim came back: its rows become delivery tasks, its places are no longer kept,
     /// and the lane learns whether more is due. True when the loop should stop (`--drain`
     /// and nothing left).
-    async fn claimed(
-        &mut self,
-        task: ClaimTask,
-        result: Result<claim::ClaimBatch, String>,
-    ) -> bool {
+    async fn claimed(&mut self, task: ClaimTask, result: ClaimResult) -> bool {
         let shared = self.shared.clone();
         let ClaimTask {
             lane: index,
@@ -364,7 +380,10 @@ impl ClaimLoop {
         };
         lane.claim_ended(want);
         let batch = match result {
-            Ok(b) => b,
+            Ok((b, took)) => {
+                self.claim_time.record(took);
+                b
+            }
             Err(e) => {
                 let wait = self.db_backoff.next();
                 tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "claim failed; retrying");

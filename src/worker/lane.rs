@@ -89,19 +89,22 @@ impl Lane {
             .saturating_sub(self.reserved)
     }
 
-    /// May the lane start a claim now, with `free` places left in the loop? Armed, with
-    /// fewer claims in flight than it may have (two under a backlog, so that one runs while
-    /// the other waits for its commit; one otherwise), and room for at least
-    /// [`Lane::threshold`] rows.
-    pub(super) fn may_claim(&self, free: usize, cfg: &WorkerConfig) -> bool {
+    /// May the lane start a claim now, with `free` places left in the loop and `ahead`
+    /// rows to be claimed ahead of the slots? Armed, with fewer claims in flight than it
+    /// may have (two under a backlog, so that one runs while the other waits for its
+    /// commit; one otherwise), and room for at least [`Lane::threshold`] rows.
+    pub(super) fn may_claim(&self, free: usize, ahead: usize, cfg: &WorkerConfig) -> bool {
         let most = if self.backlog { 2 } else { 1 };
-        self.armed && self.claiming < most && free.min(self.room()) >= self.threshold(cfg)
+        self.armed && self.claiming < most && free.min(self.room()) >= self.threshold(ahead, cfg)
     }
 
-    /// The least room worth a claim.
-    pub(super) fn threshold(&self, cfg: &WorkerConfig) -> usize {
+    /// The least room worth a claim: under a backlog a quarter of a batch, so that each
+    /// claim fetches a batch rather than a row per finished delivery, but never more than
+    /// a quarter of the rows ahead, or slow slots would sit idle waiting for a quarter of a
+    /// batch to free.
+    pub(super) fn threshold(&self, ahead: usize, cfg: &WorkerConfig) -> usize {
         if self.backlog {
-            (cfg.batch_size.min(cfg.concurrency).min(self.cap) / 4).max(1)
+            (cfg.batch_size.min(cfg.concurrency).min(self.cap).min(ahead) / 4).max(1)
         } else {
             1
         }
@@ -145,16 +148,16 @@ mod tests {
     fn a_lane_without_a_backlog_has_one_claim_in_flight_and_one_with_a_backlog_two() {
         let cfg = cfg();
         let mut l = lane(320);
-        assert!(l.may_claim(320, &cfg));
+        assert!(l.may_claim(320, 256, &cfg));
         l.claiming = 1;
-        assert!(!l.may_claim(320, &cfg), "idle: one claim at a time");
+        assert!(!l.may_claim(320, 256, &cfg), "idle: one claim at a time");
         l.backlog = true;
         assert!(
-            l.may_claim(320, &cfg),
+            l.may_claim(320, 256, &cfg),
             "a backlog: a second claim while the first waits"
         );
         l.claiming = 2;
-        assert!(!l.may_claim(320, &cfg), "never a third");
+        assert!(!l.may_claim(320, 256, &cfg), "never a third");
     }
 
     #[test]
@@ -168,14 +171,29 @@ mod tests {
         l.reserved = 100;
         assert_eq!(l.room(), 20);
         assert!(
-            l.may_claim(320, &cfg),
+            l.may_claim(320, 256, &cfg),
             "20 rows are worth a claim (at least 16)"
         );
         l.reserved = 110;
-        assert!(!l.may_claim(320, &cfg), "10 are not");
+        assert!(!l.may_claim(320, 256, &cfg), "10 are not");
         // The loop's own free places bound it too.
         l.reserved = 0;
-        assert!(!l.may_claim(15, &cfg));
+        assert!(!l.may_claim(15, 256, &cfg));
+    }
+
+    #[test]
+    fn few_rows_ahead_lower_the_least_claim() {
+        let cfg = cfg();
+        let mut l = lane(320);
+        l.backlog = true;
+        assert_eq!(l.threshold(256, &cfg), 16);
+        assert_eq!(l.threshold(20, &cfg), 5);
+        // Slow slots, a row or two ahead: a claim for each freed place.
+        assert_eq!(l.threshold(2, &cfg), 1);
+        assert_eq!(l.threshold(0, &cfg), 1);
+        l.inflight.store(319, Ordering::SeqCst);
+        assert!(l.may_claim(1, 2, &cfg));
+        assert!(!l.may_claim(1, 256, &cfg));
     }
 
     #[test]
@@ -183,9 +201,9 @@ mod tests {
         let cfg = cfg();
         let mut l = lane(320);
         l.armed = false;
-        assert!(!l.may_claim(320, &cfg));
+        assert!(!l.may_claim(320, 256, &cfg));
         // With no backlog any free place is worth a claim once armed.
         l.armed = true;
-        assert!(l.may_claim(1, &cfg));
+        assert!(l.may_claim(1, 256, &cfg));
     }
 }

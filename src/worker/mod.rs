@@ -6,9 +6,10 @@
 //!       └────────────── wake: LISTEN, a freed slot, poll interval ◀────────┘
 //! ```
 //!
-//! * The claim loop asks for as many rows as it has free slots, plus up to two batches
-//!   ahead per claim in flight (at most `batch_size` per claim), in one short committed
-//!   statement; under a backlog a second claim runs while the first waits for its commit.
+//! * The claim loop asks for as many rows as it has free slots, plus rows ahead: what the
+//!   slots start in a few claims' round trips, at most two batches per claim in flight
+//!   (at most `batch_size` per claim), in one short committed statement; under a backlog a
+//!   second claim runs while the first waits for its commit.
 //!   A row claimed ahead waits in its task for a slot, and asks the breaker again before
 //!   its request. No transaction is open while a message is sent.
 //! * A channel that bounds its own sends (e-mail: the relay's connections) is claimed in a
@@ -22,7 +23,7 @@
 //!   batching grows with load and costs no latency when idle.
 //!
 //! The rooms: `claim_loop` (the loop's steps), `lane` (which channels a claim asks
-//! for), `attempt` (one delivery task), `completer` (batched writes and the attempt log),
+//! for), `pace` (how many rows to claim ahead of the free slots), `attempt` (one delivery task), `completer` (batched writes and the attempt log),
 //! `wakeup` (LISTEN and the idle mark), `db_call` (bounded database calls, back-off), `pools`
 //! (which connections run which statements, and with what settings), and
 //! [`maintenance`] (retention, beside the loop).
@@ -40,6 +41,7 @@ mod db_call;
 mod destinations;
 mod lane;
 pub mod maintenance;
+mod pace;
 mod pools;
 mod wakeup;
 
@@ -118,6 +120,9 @@ struct Shared {
     alarms: Mutex<BinaryHeap<Reverse<Instant>>>,
     /// Circuit breakers per destination (`--breaker-threshold`), shared through the database.
     breakers: breakers::Breakers,
+    /// How long a delivery task holds its slot, on average: how many rows the claim loop
+    /// claims ahead follows it ([`pace`]).
+    slot_time: pace::Ewma,
 }
 
 /// Most alarms kept: beyond this a deferred message is found by the next poll instead.
@@ -175,6 +180,7 @@ impl Worker {
                 stopping: CancellationToken::new(),
                 summary: Mutex::new(RunSummary::default()),
                 breakers,
+                slot_time: pace::Ewma::default(),
             }),
             listen,
         }

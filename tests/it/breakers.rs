@@ -261,18 +261,23 @@ async fn a_failed_probe_doubles_the_cooldown_up_to_retry_max() {
 /// Rows claimed ahead of the free slots passed the gate while their host was closed. When
 /// the host's first failures open it, those rows go back unsent (uncounted) instead of
 /// making their requests: with 4 in flight, 8 claimed ahead and a threshold of 1, a host
-/// that fails every request gets the first 4 (sent together), not all 12.
+/// that fails every request gets the first 4 (sent together), not all 12. (A first
+/// delivery to a healthy host comes before: nothing is claimed ahead until the worker has
+/// seen how long its slots are held.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_claimed_ahead_are_not_sent_to_a_host_that_opened_meanwhile() {
     let db = TestDb::new().await;
+    let good = Receiver::start().await;
     let bad = Receiver::start().await;
     bad.set_default(Reply::Status(503));
     let host = bad.addr.to_string();
-    enqueue_n(&db, "ahead:", &bad.url("/hook?token=s3cret"), 12, 5).await;
     let mut cfg = breaker_config("w", 1, Duration::from_secs(3600));
     cfg.concurrency = 4;
     cfg.batch_size = 4;
     let w = RunningWorker::start(&db, cfg, test_webhook_config());
+    enqueue_n(&db, "warm:", &good.url("/hook"), 1, 5).await;
+    good.wait_for(1, Duration::from_secs(10)).await;
+    enqueue_n(&db, "ahead:", &bad.url("/hook?token=s3cret"), 12, 5).await;
     let c = db.client().await;
     // Every row given back is due only after the cooldown, the others were sent and
     // failed. (Waiting for "all pending" alone could stop the worker while a claim of the
@@ -284,7 +289,9 @@ async fn rows_claimed_ahead_are_not_sent_to_a_host_that_opened_meanwhile() {
                 "SELECT (SELECT count(*) FROM outbox.messages \
                          WHERE state = 'pending' AND message_key LIKE 'ahead:%' \
                            AND run_after > now() + interval '10 minutes') \
-                      + (SELECT count(*) FROM outbox.attempts) >= 12 \
+                      + (SELECT count(*) FROM outbox.attempts a \
+                         JOIN outbox.messages m ON m.id = a.message_id \
+                         WHERE m.message_key LIKE 'ahead:%') >= 12 \
                     AND EXISTS (SELECT 1 FROM outbox.destinations WHERE host = $1 AND state = 'open')",
                 &[host],
             )

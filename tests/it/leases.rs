@@ -552,6 +552,45 @@ async fn a_stop_under_a_backlog_leaves_no_row_leased() {
     assert_eq!(summary.delivered, rx.requests().len() as u64);
 }
 
+/// Rows claimed ahead of the slots follow how fast the slots turn over. A row leased ahead
+/// is counted and waits; if the worker is killed it is settled as an ambiguous attempt
+/// that was never made (dead-lettered, for a message that allows no ambiguous retry). With
+/// a receiver that takes 300 ms, 4 slots start a row every 75 ms, so a claim's round trip
+/// needs a row or two ahead, not the two batches per claim a fast drain wants (16 here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_receiver_keeps_few_rows_leased_ahead() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.set_default(Reply::Stall(Duration::from_millis(300)));
+    enqueue_n(&db, "slow", &rx.url("/h"), 80).await;
+    let cfg = outboxd::config::WorkerConfig {
+        concurrency: 4,
+        batch_size: 8,
+        ..test_worker_config("w")
+    };
+    let w = RunningWorker::start(&db, cfg, test_webhook_config());
+    // The worker has seen how long its slots are held.
+    rx.wait_for(12, Duration::from_secs(20)).await;
+    let c = db.client().await;
+    let mut most = 0;
+    for _ in 0..20 {
+        let running: Vec<i64> = first_column(
+            &c,
+            "SELECT count(*) FROM outbox.messages WHERE state = 'running'",
+        )
+        .await;
+        most = most.max(running[0]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w.stop().await;
+    // 4 in flight, a row or two ahead, and a claim's rows on their way: never the 20 that
+    // 4 slots and 16 places ahead allow.
+    assert!(
+        (4..=8).contains(&most),
+        "at most {most} rows leased at once"
+    );
+}
+
 #[tokio::test]
 async fn a_notification_wakes_an_idle_worker() {
     let db = TestDb::new().await;
@@ -652,17 +691,17 @@ async fn a_stale_and_a_current_completion_in_one_batch() {
 /// anything claimed less than half a lease ago) sent it with 4.5 s of an 8 s lease left and
 /// a 4.8 s response to come: the lease ran out mid-request, the row was claimed and sent
 /// again, and the first success was recorded `lease_lost`. Now it is given back unsent and
-/// sent once, under a fresh lease.
+/// sent once, under a fresh lease. (A first, quick delivery comes before: nothing is
+/// claimed ahead until the worker has seen how long its slots are held.)
 #[tokio::test]
 async fn a_row_that_waited_too_long_for_a_slot_is_released_not_sent_twice() {
     let db = TestDb::new().await;
     let rx = Receiver::start().await;
     rx.script([
+        Reply::Status(200),
         Reply::Stall(Duration::from_millis(3500)),
         Reply::Stall(Duration::from_millis(4800)),
     ]);
-    enqueue_webhook(&db, "fit:1", &rx.url("/h"), 3, true).await;
-    enqueue_webhook(&db, "fit:2", &rx.url("/h"), 3, true).await;
     let cfg = outboxd::config::WorkerConfig {
         concurrency: 1,
         batch_size: 2,
@@ -677,15 +716,19 @@ async fn a_row_that_waited_too_long_for_a_slot_is_released_not_sent_twice() {
     cfg.validate(webhook.timeout)
         .expect("lease 8s, timeout 5s is allowed");
     let w = RunningWorker::start(&db, cfg, webhook);
+    enqueue_webhook(&db, "fit:0", &rx.url("/h"), 3, true).await;
+    wait_for_state(&db, "fit:0", "delivered", Duration::from_secs(10)).await;
+    enqueue_webhook(&db, "fit:1", &rx.url("/h"), 3, true).await;
+    enqueue_webhook(&db, "fit:2", &rx.url("/h"), 3, true).await;
     for key in ["fit:1", "fit:2"] {
         wait_for_state(&db, key, "delivered", Duration::from_secs(40)).await;
     }
     let summary = w.stop().await;
-    for key in ["fit:1", "fit:2"] {
+    for key in ["fit:0", "fit:1", "fit:2"] {
         assert_eq!(rx.requests_for(key).len(), 1, "{key} was sent once");
     }
     assert_eq!(summary.lease_lost, 0, "{summary:?}");
-    assert_eq!(summary.delivered, 2, "{summary:?}");
+    assert_eq!(summary.delivered, 3, "{summary:?}");
     let mut outcomes: Vec<String> = Vec::new();
     for key in ["fit:1", "fit:2"] {
         outcomes.extend(attempts(&db, key).await.into_iter().map(|a| a.1));

@@ -138,8 +138,8 @@ async fn a_message_committed_after_the_worker_went_idle_is_still_sent_at_once() 
     let worker = RunningWorker::start(&db, cfg, webhook);
     wait_for_idle_marks(&db, 1, "the idle worker to hold the mark").await;
 
-    // Five due messages fill the worker's claim (one slot, and two batches of one ahead for
-    // each of the two claims that may be in flight): busy.
+    // Five due messages keep the worker's claims full (one slot; rows ahead once it has
+    // seen a delivery end): busy.
     let c = db.client().await;
     c.batch_execute("BEGIN").await.unwrap();
     for key in ["busy:1", "busy:2", "busy:3", "busy:4", "busy:5"] {
