@@ -92,13 +92,9 @@ pub(super) fn spawn_attempt(
             p = slots.acquire_owned() => p.ok(),
             _ = shared.stopping.cancelled() => None,
         };
+        let held = permit.as_ref().map(|_| Instant::now());
         let done = match permit {
-            Some(_) => {
-                let held = Instant::now();
-                let done = attempt_if_it_fits(&shared, msg, claimed_at).await;
-                shared.slot_time.record(held.elapsed());
-                done
-            }
+            Some(_) => attempt_if_it_fits(&shared, msg, claimed_at).await,
             None => Done::Released(msg.id, msg.lease_token),
         };
         // Keep the slot until the completer has room: that is the backpressure that stops
@@ -106,6 +102,11 @@ pub(super) fn spawn_attempt(
         let frees_place = done.frees_place_when_sent();
         if tx.send(done).await.is_ok() && frees_place {
             shared.inflight.fetch_sub(1, Ordering::SeqCst);
+        }
+        // The whole time the slot was held, the wait for the completer included: that is
+        // how fast slots turn over, which the rows claimed ahead follow.
+        if let Some(held) = held {
+            shared.slot_time.record(held.elapsed());
         }
         drop(permit);
         drop(in_lane);

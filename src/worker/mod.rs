@@ -23,10 +23,11 @@
 //!   batching grows with load and costs no latency when idle.
 //!
 //! The rooms: `claim_loop` (the loop's steps), `lane` (which channels a claim asks
-//! for), `pace` (how many rows to claim ahead of the free slots), `attempt` (one delivery task), `completer` (batched writes and the attempt log),
-//! `wakeup` (LISTEN and the idle mark), `db_call` (bounded database calls, back-off), `pools`
-//! (which connections run which statements, and with what settings), and
-//! [`maintenance`] (retention, beside the loop).
+//! for), `pace` (how many rows to claim ahead of the free slots), `attempt` (one delivery
+//! task), `completer` (batched writes and the attempt log), `wakeup` (LISTEN and the idle
+//! mark), `db_call` (bounded database calls, back-off), `pools` (which connections run
+//! which statements, and with what settings), and [`maintenance`] (retention, beside the
+//! loop).
 //!
 //! Database errors anywhere are logged and retried with back-off; nothing is dropped.
 //! A completion that cannot be written before the process exits is not lost either: the

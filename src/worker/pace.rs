@@ -38,14 +38,17 @@ impl Ewma {
     /// Adds a sample.
     pub(super) fn record(&self, d: Duration) {
         let sample = u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
-        // A lost race drops one sample's weight at worst; retrying keeps every one.
+        // The closure always answers, so a race with another task retries: no sample is
+        // lost.
         let _ = self
             .micros
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
                 Some(if old == 0 {
                     sample
-                } else if sample >= old {
-                    old + ((sample - old) >> EWMA_SHIFT).max(1)
+                } else if sample > old {
+                    old.saturating_add(((sample - old) >> EWMA_SHIFT).max(1))
+                } else if sample == old {
+                    old
                 } else {
                     old - ((old - sample) >> EWMA_SHIFT).max(1)
                 })

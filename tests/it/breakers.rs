@@ -276,7 +276,7 @@ async fn rows_claimed_ahead_are_not_sent_to_a_host_that_opened_meanwhile() {
     cfg.batch_size = 4;
     let w = RunningWorker::start(&db, cfg, test_webhook_config());
     enqueue_n(&db, "warm:", &good.url("/hook"), 1, 5).await;
-    good.wait_for(1, Duration::from_secs(10)).await;
+    wait_for_state(&db, "warm:0", "delivered", Duration::from_secs(10)).await;
     enqueue_n(&db, "ahead:", &bad.url("/hook?token=s3cret"), 12, 5).await;
     let c = db.client().await;
     // Every row given back is due only after the cooldown, the others were sent and

@@ -583,10 +583,11 @@ async fn a_slow_receiver_keeps_few_rows_leased_ahead() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     w.stop().await;
-    // 4 in flight, a row or two ahead, and a claim's rows on their way: never the 20 that
-    // 4 slots and 16 places ahead allow.
+    // 4 in flight, a row or two ahead (a few more if claims are slow), a claim's rows on
+    // their way, and delivered rows still `running` until the completer records them: never
+    // the 20 that 4 slots and 16 places ahead allow.
     assert!(
-        (4..=8).contains(&most),
+        (4..=12).contains(&most),
         "at most {most} rows leased at once"
     );
 }
