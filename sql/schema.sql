@@ -1,4 +1,4 @@
--- outboxd: the live schema after every migration of sql/ (0001 … 0014), in one file.
+-- outboxd: the live schema after every migration of sql/ (0001 … 0015), in one file.
 -- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
 -- only the numbered files). tests/schema.rs loads it into an empty database and compares
 -- the catalog with a migrated one; after a new migration, regenerate it with
@@ -256,41 +256,6 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The first row that would conflict, in array order. Fingerprints are computed only
-    -- for keys that are stored already or repeated in the batch.
-    SELECT min(x.ord) INTO v_conflict
-    FROM (
-        SELECT y.ord, y.h, y.h_stored,
-               first_value(y.h) OVER (PARTITION BY y.k ORDER BY y.ord) AS h_first
-        FROM (
-            SELECT b.ord, b.k, s.request_hash AS h_stored,
-                   CASE WHEN s.request_hash IS NOT NULL OR b.repeated
-                        THEN outbox.request_hash(b.c, b.p) END AS h
-            FROM (
-                SELECT u.ord, u.k, u.c, u.p, count(*) OVER (PARTITION BY u.k) > 1 AS repeated
-                FROM unnest(message_keys, channels, payloads) WITH ORDINALITY AS u(k, c, p, ord)
-            ) b
-            -- LIMIT 1: a probe of the unique index per row, whatever the table holds.
-            LEFT JOIN LATERAL (
-                SELECT m.request_hash FROM outbox.messages m WHERE m.message_key = b.k LIMIT 1
-            ) s ON true
-        ) y
-    ) x
-    WHERE CASE WHEN x.h_stored IS NOT NULL THEN x.h_stored <> x.h ELSE x.h_first <> x.h END;
-
-    IF v_conflict IS NOT NULL THEN
-        FOR i IN 1 .. v_conflict LOOP
-            PERFORM outbox.validate(message_keys[i], channels[i], payloads[i],
-                                    coalesce(enqueue_many.max_attempts[i], 3));
-        END LOOP;
-        v_key := message_keys[v_conflict];
-        RAISE EXCEPTION 'message key % was already used with a different channel or payload',
-            quote_literal(v_key)
-            USING ERRCODE = 'OB409',
-                  DETAIL = v_key,
-                  HINT = 'a message key names one side effect; use a new key for a new one';
-    END IF;
-
     -- The groups' turns, in one order (the insert trigger's own calls are then re-entrant).
     -- Ordering keys past the end of message_keys are ignored, as the other optional
     -- arrays' extra elements are.
@@ -301,7 +266,8 @@ BEGIN
     ORDER BY g.h;
 
     -- One INSERT, rows in array order. The BEFORE INSERT trigger validates each row (those
-    -- whose key exists too) and fills the fingerprint (request_hash is left to it).
+    -- whose key exists too: it fires before the conflict check), so the first invalid row
+    -- in array order raises 22023, and fills the fingerprint (request_hash is left to it).
     WITH ins AS (
         INSERT INTO outbox.messages AS m
             (message_key, channel, payload, request_hash, run_after, max_attempts, retry_ambiguous,
@@ -321,30 +287,53 @@ BEGIN
     INTO v_ins_keys, v_ins_ids
     FROM ins;
 
-    -- The ids, in array order: inserted here (the first row of its key is `created`), or
-    -- stored already. A new statement, so rows committed meanwhile by others are visible:
-    -- such a row with another fingerprint, or a row purged meanwhile, is an anomaly.
-    SELECT array_agg(z.id ORDER BY z.ord), array_agg(z.created ORDER BY z.ord),
-           min(z.ord) FILTER (WHERE z.anomaly)
-    INTO v_ids, v_created, v_anomaly
+    -- Every row inserted: every key was new, and none repeated (a repeat would have met
+    -- its first row). All created, in array order.
+    IF cardinality(v_ins_ids) = n THEN
+        RETURN QUERY
+            SELECT i.id, true
+            FROM unnest(message_keys) WITH ORDINALITY AS b(k, ord)
+            JOIN unnest(v_ins_keys, v_ins_ids) AS i(k, id) ON i.k = b.k
+            ORDER BY b.ord;
+        RETURN;
+    END IF;
+
+    -- Some keys were stored already, or repeated in the batch. A new statement, so rows
+    -- committed meanwhile by others are visible. Each row that is not the one inserted for
+    -- its key is compared with the stored row of its key (for a repeat, the row inserted
+    -- here): another fingerprint is a conflict, and no stored row at all (purged meanwhile)
+    -- an anomaly, settled row by row below.
+    SELECT array_agg(z.id ORDER BY z.ord), array_agg(z.mine ORDER BY z.ord),
+           min(z.ord) FILTER (WHERE z.conflict), min(z.ord) FILTER (WHERE z.anomaly)
+    INTO v_ids, v_created, v_conflict, v_anomaly
     FROM (
-        SELECT b.ord,
-               coalesce(i.id, s.id) AS id,
-               i.id IS NOT NULL AND b.ord = min(b.ord) OVER (PARTITION BY b.k) AS created,
-               i.id IS NULL AND (s.id IS NULL
-                                 OR s.request_hash <> outbox.request_hash(b.c, b.p)) AS anomaly
-        FROM unnest(message_keys, channels, payloads) WITH ORDINALITY AS b(k, c, p, ord)
-        LEFT JOIN unnest(v_ins_keys, v_ins_ids) AS i(k, id) ON i.k = b.k
+        SELECT y.ord, coalesce(y.ins_id, s.id) AS id, y.mine,
+               NOT y.mine AND s.request_hash <> outbox.request_hash(y.c, y.p) AS conflict,
+               NOT y.mine AND y.ins_id IS NULL AND s.id IS NULL AS anomaly
+        FROM (
+            SELECT b.ord, b.c, b.p, b.k, i.id AS ins_id,
+                   i.id IS NOT NULL AND b.ord = min(b.ord) OVER (PARTITION BY b.k) AS mine
+            FROM unnest(message_keys, channels, payloads) WITH ORDINALITY AS b(k, c, p, ord)
+            LEFT JOIN unnest(v_ins_keys, v_ins_ids) AS i(k, id) ON i.k = b.k
+        ) y
         LEFT JOIN LATERAL (
             SELECT m.id, m.request_hash FROM outbox.messages m
-            WHERE i.id IS NULL AND m.message_key = b.k LIMIT 1
+            WHERE NOT y.mine AND m.message_key = y.k LIMIT 1
         ) s ON true
     ) z;
 
+    IF v_conflict IS NOT NULL THEN
+        v_key := message_keys[v_conflict];
+        RAISE EXCEPTION 'message key % was already used with a different channel or payload',
+            quote_literal(v_key)
+            USING ERRCODE = 'OB409',
+                  DETAIL = v_key,
+                  HINT = 'a message key names one side effect; use a new key for a new one';
+    END IF;
+
     IF v_anomaly IS NOT NULL THEN
         -- Rare: settle each remaining row of the batch as outbox.enqueue_row does (it
-        -- raises OB409 for a key taken meanwhile with another payload, and inserts again
-        -- a row purged meanwhile).
+        -- inserts again a row purged meanwhile).
         FOR i IN v_anomaly .. n LOOP
             IF v_ids[i] IS NULL OR NOT v_created[i] THEN
                 SELECT e.id, e.created INTO v_ids[i], v_created[i]

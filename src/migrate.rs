@@ -105,6 +105,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "breakers",
         sql: include_str!("../sql/0014_breakers.sql"),
     },
+    Migration {
+        version: 15,
+        name: "enqueue_many_insert_first",
+        sql: include_str!("../sql/0015_enqueue_many_insert_first.sql"),
+    },
 ];
 
 /// Why migrating failed.

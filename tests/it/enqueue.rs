@@ -929,6 +929,26 @@ async fn enqueue_many_returns_results_in_order_and_dedups() {
     assert_eq!(r.get::<_, i32>(0), 7);
     assert!(!r.get::<_, bool>(1));
     assert_eq!(count_messages(&c).await, 4);
+
+    // A batch of new keys only (since sql/0015 answered without probing the stored rows):
+    // every row created, the ids in array order, whatever the keys' order.
+    let msgs: Vec<NewMessage> = ["n-z", "n-a", "n-m", "n-b"]
+        .iter()
+        .map(|k| NewMessage::webhook(*k, hook("https://example.com/n")))
+        .collect();
+    let out = enqueue_many(&c, &msgs).await.unwrap();
+    assert!(out.iter().all(|e| e.created));
+    for (msg, e) in msgs.iter().zip(&out) {
+        let key: String = c
+            .query_one(
+                "SELECT message_key FROM outbox.messages WHERE id = $1",
+                &[&e.id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(key, msg.key());
+    }
 }
 
 #[tokio::test]
@@ -976,8 +996,11 @@ async fn enqueue_many_is_all_or_nothing() {
     assert_eq!(count_messages(&c).await, 1);
 }
 
+/// Every row of a batch is validated before the dedup rules apply, as for one message: the
+/// first invalid row in array order is reported, wherever a conflict is; a valid batch
+/// reports its first conflicting row. Nothing of a refused batch is stored.
 #[tokio::test]
-async fn enqueue_many_reports_the_first_failing_row_in_array_order() {
+async fn enqueue_many_reports_the_first_invalid_row_then_the_first_conflict() {
     let db = TestDb::new().await;
     let c = db.client().await;
     enqueue(
@@ -986,11 +1009,31 @@ async fn enqueue_many_reports_the_first_failing_row_in_array_order() {
     )
     .await
     .unwrap();
-    // A conflict before a bad row: OB409.
+    // A conflict before a bad row: 22023 (until sql/0015 this was OB409).
     let msgs = vec![
         NewMessage::webhook("p1", hook("https://example.com/1")),
         NewMessage::webhook("x0", hook("https://example.com/changed")),
         NewMessage::email("p3", json!({"to": [], "text": "hi"})),
+    ];
+    assert_invalid(
+        enqueue_many(&c, &msgs).await.map(|_| Enqueued {
+            id: 0,
+            created: false,
+        }),
+        "payload.to",
+        "bad row after a conflict",
+    );
+    // Two conflicts, with the stored row and with a repeat inside the batch: the first.
+    let msgs = vec![
+        NewMessage::webhook("r1", hook("https://example.com/1")),
+        NewMessage::webhook("r1", hook("https://example.com/other")),
+        NewMessage::webhook("x0", hook("https://example.com/changed")),
+    ];
+    assert_key_conflict(enqueue_many(&c, &msgs).await, "r1");
+    let msgs = vec![
+        NewMessage::webhook("r2", hook("https://example.com/1")),
+        NewMessage::webhook("x0", hook("https://example.com/changed")),
+        NewMessage::webhook("r2", hook("https://example.com/other")),
     ];
     assert_key_conflict(enqueue_many(&c, &msgs).await, "x0");
     // A bad row before a conflict: 22023.

@@ -69,6 +69,10 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
         "0014_breakers.sql",
         "b32c65debc77c60f32bcc2d96fea9ce1d2e68c5da47700e870c17fe9f63060f6",
     ),
+    (
+        "0015_enqueue_many_insert_first.sql",
+        "fbcbb55955e5ea31099bd0722835caaa71fa5b06ece9553f899adfe78dfd703a",
+    ),
 ];
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it
