@@ -18,7 +18,20 @@
 -- row is validated before the dedup rules apply, as for one message ("validation comes
 -- first"). Either way nothing of the batch is inserted. No subtransaction catches the
 -- trigger's error: a transaction that called the function more than 64 times would
--- overflow its subtransaction cache and slow every snapshot on the server.
+-- overflow its subtransaction cache and slow every snapshot on the server. What inserting
+-- first costs: a batch that will be refused for a conflict with a stored row now inserts
+-- its other rows before it knows, so it waits for other transactions' uncommitted rows of
+-- the same keys, as every batch with such keys did already, and may meet a deadlock
+-- (40P01, to be retried) where it used to fail at once with OB409.
+--
+-- Two more changes, from a review:
+-- * Arrays of more than one dimension are refused (22023). `n` counted the first
+--   dimension while the insert took every element, so a 2x2 batch that repeated a key
+--   could pass the "every row inserted" test with rows left out.
+-- * A row whose stored twin was purged between the insert and the second statement is
+--   enqueued again through outbox.enqueue_row, as intended since sql/0003: the call read
+--   its answer `INTO v_ids[i], v_created[i]`, which PL/pgSQL reads as one target and which
+--   failed with 42804 (cannot subscript type boolean). Now two scalars.
 
 CREATE OR REPLACE FUNCTION outbox.enqueue_many(message_keys text[], channels text[], payloads jsonb[], run_afters timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[], max_attempts integer[] DEFAULT '{}'::integer[], retry_ambiguous boolean[] DEFAULT '{}'::boolean[], held boolean[] DEFAULT '{}'::boolean[], ordering_key text[] DEFAULT '{}'::text[]) RETURNS TABLE(id bigint, created boolean)
     LANGUAGE plpgsql SECURITY DEFINER
@@ -33,7 +46,18 @@ DECLARE
     v_ids      bigint[];
     v_created  boolean[];
     v_anomaly  integer;
+    v_id       bigint;
+    v_new      boolean;
 BEGIN
+    IF coalesce(array_ndims(message_keys), 1) > 1 OR coalesce(array_ndims(channels), 1) > 1
+       OR coalesce(array_ndims(payloads), 1) > 1 OR coalesce(array_ndims(run_afters), 1) > 1
+       OR coalesce(array_ndims(enqueue_many.max_attempts), 1) > 1
+       OR coalesce(array_ndims(enqueue_many.retry_ambiguous), 1) > 1
+       OR coalesce(array_ndims(enqueue_many.held), 1) > 1
+       OR coalesce(array_ndims(enqueue_many.ordering_key), 1) > 1 THEN
+        RAISE EXCEPTION 'the arrays of a batch must have one dimension'
+            USING ERRCODE = '22023', COLUMN = 'message_keys';
+    END IF;
     IF coalesce(array_length(channels, 1), 0) <> n OR coalesce(array_length(payloads, 1), 0) <> n THEN
         RAISE EXCEPTION 'message_keys, channels and payloads must have the same length'
             USING ERRCODE = '22023', COLUMN = 'message_keys';
@@ -122,13 +146,15 @@ BEGIN
         -- inserts again a row purged meanwhile).
         FOR i IN v_anomaly .. n LOOP
             IF v_ids[i] IS NULL OR NOT v_created[i] THEN
-                SELECT e.id, e.created INTO v_ids[i], v_created[i]
+                SELECT e.id, e.created INTO v_id, v_new
                 FROM outbox.enqueue_row(message_keys[i], channels[i], payloads[i],
                                         coalesce(run_afters[i], now()),
                                         coalesce(enqueue_many.max_attempts[i], 3),
                                         coalesce(enqueue_many.retry_ambiguous[i], true),
                                         coalesce(enqueue_many.held[i], false),
                                         enqueue_many.ordering_key[i]) e;
+                v_ids[i] := v_id;
+                v_created[i] := v_new;
             END IF;
         END LOOP;
     END IF;

@@ -247,7 +247,18 @@ DECLARE
     v_ids      bigint[];
     v_created  boolean[];
     v_anomaly  integer;
+    v_id       bigint;
+    v_new      boolean;
 BEGIN
+    IF coalesce(array_ndims(message_keys), 1) > 1 OR coalesce(array_ndims(channels), 1) > 1
+       OR coalesce(array_ndims(payloads), 1) > 1 OR coalesce(array_ndims(run_afters), 1) > 1
+       OR coalesce(array_ndims(enqueue_many.max_attempts), 1) > 1
+       OR coalesce(array_ndims(enqueue_many.retry_ambiguous), 1) > 1
+       OR coalesce(array_ndims(enqueue_many.held), 1) > 1
+       OR coalesce(array_ndims(enqueue_many.ordering_key), 1) > 1 THEN
+        RAISE EXCEPTION 'the arrays of a batch must have one dimension'
+            USING ERRCODE = '22023', COLUMN = 'message_keys';
+    END IF;
     IF coalesce(array_length(channels, 1), 0) <> n OR coalesce(array_length(payloads, 1), 0) <> n THEN
         RAISE EXCEPTION 'message_keys, channels and payloads must have the same length'
             USING ERRCODE = '22023', COLUMN = 'message_keys';
@@ -336,13 +347,15 @@ BEGIN
         -- inserts again a row purged meanwhile).
         FOR i IN v_anomaly .. n LOOP
             IF v_ids[i] IS NULL OR NOT v_created[i] THEN
-                SELECT e.id, e.created INTO v_ids[i], v_created[i]
+                SELECT e.id, e.created INTO v_id, v_new
                 FROM outbox.enqueue_row(message_keys[i], channels[i], payloads[i],
                                         coalesce(run_afters[i], now()),
                                         coalesce(enqueue_many.max_attempts[i], 3),
                                         coalesce(enqueue_many.retry_ambiguous[i], true),
                                         coalesce(enqueue_many.held[i], false),
                                         enqueue_many.ordering_key[i]) e;
+                v_ids[i] := v_id;
+                v_created[i] := v_new;
             END IF;
         END LOOP;
     END IF;

@@ -1063,6 +1063,114 @@ async fn enqueue_many_reports_the_first_invalid_row_then_the_first_conflict() {
     assert_eq!(count_messages(&c).await, 1);
 }
 
+/// A batch's arrays have one dimension. A 2x2 batch was read as two rows by the length
+/// check and four by the insert; with a repeated key it could store the key twice over
+/// (or, since sql/0015 until the check, accept one key with two payloads).
+#[tokio::test]
+async fn enqueue_many_refuses_arrays_of_more_than_one_dimension() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let err = c
+        .query(
+            "SELECT * FROM outbox.enqueue_many('{{a,b},{a,b}}', '{{webhook,webhook},{webhook,webhook}}', \
+             ARRAY[ARRAY['{\"url\": \"https://example.com/1\"}'::jsonb, '{\"url\": \"https://example.com/1\"}'], \
+                   ARRAY['{\"url\": \"https://example.com/2\"}'::jsonb, '{\"url\": \"https://example.com/2\"}']])",
+            &[],
+        )
+        .await
+        .expect_err("a two-dimensional batch");
+    let db_err = err.as_db_error().expect("a database error");
+    assert_eq!(
+        db_err.code(),
+        &SqlState::INVALID_PARAMETER_VALUE,
+        "{db_err:?}"
+    );
+    assert!(db_err.message().contains("one dimension"), "{db_err:?}");
+    // An optional array of two dimensions too.
+    let err = c
+        .query(
+            "SELECT * FROM outbox.enqueue_many('{a}', '{webhook}', \
+             ARRAY['{\"url\": \"https://example.com/1\"}'::jsonb], max_attempts => '{{1},{2}}')",
+            &[],
+        )
+        .await
+        .expect_err("a two-dimensional max_attempts");
+    assert_eq!(
+        err.as_db_error().map(|e| e.code().clone()),
+        Some(SqlState::INVALID_PARAMETER_VALUE)
+    );
+    assert_eq!(count_messages(&c).await, 0);
+}
+
+/// A stored row purged while a batch waits on another transaction's row: the batch's
+/// insert skipped its key (it was stored), and by its second statement the row is gone. The
+/// row is enqueued again, created, as `outbox.enqueue_row` does; until sql/0015 this path
+/// failed with 42804 (its answer was read into two array elements, which PL/pgSQL does not do).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_many_enqueues_again_a_row_purged_while_it_waited() {
+    let db = TestDb::new().await;
+    let c1 = db.client().await;
+    enqueue(
+        &c1,
+        &NewMessage::webhook("k", hook("https://example.com/k")),
+    )
+    .await
+    .unwrap();
+    // Another transaction holds a new row of key k0, uncommitted.
+    let c3 = db.client().await;
+    c3.batch_execute("BEGIN").await.unwrap();
+    enqueue(
+        &c3,
+        &NewMessage::webhook("k0", hook("https://example.com/k0")),
+    )
+    .await
+    .unwrap();
+    // The batch: k (stored, skipped by the insert) and k0 (waits for the other transaction).
+    let c2 = db.client().await;
+    let pid: i32 = c2
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let batch = tokio::spawn(async move {
+        let msgs = vec![
+            NewMessage::webhook("k", hook("https://example.com/k")),
+            NewMessage::webhook("k0", hook("https://example.com/k0")),
+        ];
+        enqueue_many(&c2, &msgs).await
+    });
+    wait_until(Duration::from_secs(10), "the batch to wait for k0", || {
+        let c1 = &c1;
+        async move {
+            c1.query_one(
+                "SELECT coalesce((SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1), false)",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+        }
+    })
+    .await;
+    // Purged meanwhile, then the other transaction gives k0 up.
+    c1.execute("DELETE FROM outbox.messages WHERE message_key = 'k'", &[])
+        .await
+        .unwrap();
+    c3.batch_execute("ROLLBACK").await.unwrap();
+    let out = batch.await.unwrap().expect("the batch succeeds");
+    assert_eq!(
+        out.iter().map(|e| e.created).collect::<Vec<_>>(),
+        [true, true],
+        "k enqueued again, k0 new"
+    );
+    let keys: Vec<String> = first_column(
+        &c1,
+        "SELECT message_key FROM outbox.messages ORDER BY message_key",
+    )
+    .await;
+    assert_eq!(keys, ["k", "k0"]);
+}
+
 #[tokio::test]
 
 async fn enqueue_many_key_conflict_names_keys_with_quotes() {

@@ -71,7 +71,7 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
     ),
     (
         "0015_enqueue_many_insert_first.sql",
-        "fbcbb55955e5ea31099bd0722835caaa71fa5b06ece9553f899adfe78dfd703a",
+        "b056178b1b7d7d303304af8f3ad6ae6dba7e8fb6f6fd38694255f35ef801105a",
     ),
 ];
 
