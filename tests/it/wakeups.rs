@@ -181,3 +181,56 @@ async fn a_message_committed_after_the_worker_went_idle_is_still_sent_at_once() 
     assert_eq!(receiver.requests_for("late").len(), 1);
     worker.stop().await;
 }
+
+/// A wake-up that arrives while a claim is in flight is kept for the turn after it: the
+/// claim's snapshot may be older than the commit that announced the message. Here a
+/// trigger (the test's own) holds the claim of `during:a` for a second inside its
+/// statement, after its snapshot; meanwhile `during:b` commits and notifies. The claim
+/// comes back with `a` alone, whose request then stalls for 10 s, so no task ending wakes
+/// the loop either, and polling is an hour: only the kept wake-up gets `b` sent soon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_up_during_a_claim_is_not_lost() {
+    let db = TestDb::new().await;
+    let receiver = Receiver::start().await;
+    receiver.script([Reply::Stall(Duration::from_secs(10))]);
+    let c = db.client().await;
+    c.batch_execute(
+        "CREATE FUNCTION public.slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$; \
+         CREATE TRIGGER slow_claim BEFORE UPDATE ON outbox.messages FOR EACH ROW \
+         WHEN (OLD.message_key = 'during:a' AND NEW.state = 'running') \
+         EXECUTE FUNCTION public.slow_claim();",
+    )
+    .await
+    .unwrap();
+    let mut cfg = test_worker_config("during");
+    cfg.concurrency = 4;
+    cfg.poll_interval = Duration::from_secs(3600);
+    cfg.lease = Duration::from_secs(30);
+    let mut webhook = test_webhook_config();
+    // Outlasts the stall.
+    webhook.timeout = Duration::from_secs(15);
+    let worker = RunningWorker::start(&db, cfg, webhook);
+    wait_for_idle_marks(&db, 1, "the idle worker to hold the mark").await;
+
+    enqueue_webhook(&db, "during:a", &receiver.url("/a"), 3, true).await;
+    // The claim is inside its statement, its snapshot taken.
+    wait_until(Duration::from_secs(10), "the claim of a to sleep", || {
+        let c = &c;
+        async move {
+            c.query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+        }
+    })
+    .await;
+    enqueue_webhook(&db, "during:b", &receiver.url("/b"), 3, true).await;
+    // Well before a's request ends (10 s after the claim) or a poll (an hour).
+    wait_for_state(&db, "during:b", "delivered", Duration::from_secs(5)).await;
+    assert_eq!(receiver.requests_for("during:b").len(), 1);
+    worker.stop().await;
+}
