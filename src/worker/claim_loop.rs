@@ -8,7 +8,7 @@
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
@@ -33,11 +33,11 @@ use crate::support::lock;
 pub(super) const MAX_CLAIMS: usize = 2;
 
 /// How long a stop waits for the claims in flight (a healthy one answers in milliseconds).
-const CLAIMS_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(2);
+const CLAIMS_AT_SHUTDOWN: Duration = Duration::from_secs(2);
 
 /// What a claim task ends with: its rows and how long its statement took (from a
 /// connection in hand to the answer), or why it failed.
-type ClaimResult = Result<(claim::ClaimBatch, std::time::Duration), String>;
+type ClaimResult = Result<(claim::ClaimBatch, Duration), String>;
 
 /// The loop's state between events.
 pub(super) struct ClaimLoop {

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::claim_loop::MAX_CLAIMS;
 use crate::config::WorkerConfig;
 use crate::deliver::Deliverers;
 use crate::model::Channel;
@@ -94,7 +95,7 @@ impl Lane {
     /// may have (two under a backlog, so that one runs while the other waits for its
     /// commit; one otherwise), and room for at least [`Lane::threshold`] rows.
     pub(super) fn may_claim(&self, free: usize, ahead: usize, cfg: &WorkerConfig) -> bool {
-        let most = if self.backlog { 2 } else { 1 };
+        let most = if self.backlog { MAX_CLAIMS } else { 1 };
         self.armed && self.claiming < most && free.min(self.room()) >= self.threshold(ahead, cfg)
     }
 

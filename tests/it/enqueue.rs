@@ -74,7 +74,7 @@ async fn snapshot(c: &Client, key: &str) -> (i64, String, Value, Vec<u8>, String
     (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))
 }
 
-fn assert_invalid(res: Result<Enqueued, EnqueueError>, field: &str, what: &str) {
+fn assert_invalid<T: std::fmt::Debug>(res: Result<T, EnqueueError>, field: &str, what: &str) {
     match res {
         Err(EnqueueError::Invalid { field: f, message }) => {
             assert_eq!(f, field, "{what}: wrong field (message: {message})");
@@ -963,10 +963,7 @@ async fn enqueue_many_is_all_or_nothing() {
         NewMessage::webhook("a3", hook("https://example.com/3")),
     ];
     assert_invalid(
-        enqueue_many(&c, &msgs).await.map(|_| Enqueued {
-            id: 0,
-            created: false,
-        }),
+        enqueue_many(&c, &msgs).await,
         "payload.to",
         "bad row in the middle",
     );
@@ -1016,10 +1013,7 @@ async fn enqueue_many_reports_the_first_invalid_row_then_the_first_conflict() {
         NewMessage::email("p3", json!({"to": [], "text": "hi"})),
     ];
     assert_invalid(
-        enqueue_many(&c, &msgs).await.map(|_| Enqueued {
-            id: 0,
-            created: false,
-        }),
+        enqueue_many(&c, &msgs).await,
         "payload.to",
         "bad row after a conflict",
     );
@@ -1043,20 +1037,14 @@ async fn enqueue_many_reports_the_first_invalid_row_then_the_first_conflict() {
         NewMessage::webhook("x0", hook("https://example.com/changed")),
     ];
     assert_invalid(
-        enqueue_many(&c, &msgs).await.map(|_| Enqueued {
-            id: 0,
-            created: false,
-        }),
+        enqueue_many(&c, &msgs).await,
         "payload.to",
         "bad row before a conflict",
     );
     // The conflicting row is itself bad: 22023 (validation comes first, as for one row).
     let msgs = vec![NewMessage::webhook("x0", hook("https://example.com/0")).max_attempts(0)];
     assert_invalid(
-        enqueue_many(&c, &msgs).await.map(|_| Enqueued {
-            id: 0,
-            created: false,
-        }),
+        enqueue_many(&c, &msgs).await,
         "max_attempts",
         "bad row with an existing key",
     );
@@ -1127,11 +1115,7 @@ async fn enqueue_many_enqueues_again_a_row_purged_while_it_waited() {
     .unwrap();
     // The batch: k (stored, skipped by the insert) and k0 (waits for the other transaction).
     let c2 = db.client().await;
-    let pid: i32 = c2
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let pid = backend_pid(&c2).await;
     let batch = tokio::spawn(async move {
         let msgs = vec![
             NewMessage::webhook("k", hook("https://example.com/k")),
@@ -1139,19 +1123,7 @@ async fn enqueue_many_enqueues_again_a_row_purged_while_it_waited() {
         ];
         enqueue_many(&c2, &msgs).await
     });
-    wait_until(Duration::from_secs(10), "the batch to wait for k0", || {
-        let c1 = &c1;
-        async move {
-            c1.query_one(
-                "SELECT coalesce((SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1), false)",
-                &[&pid],
-            )
-            .await
-            .unwrap()
-            .get::<_, bool>(0)
-        }
-    })
-    .await;
+    wait_for_backend_wait(&c1, pid, "transactionid", "the batch to wait for k0").await;
     // Purged meanwhile, then the other transaction gives k0 up.
     c1.execute("DELETE FROM outbox.messages WHERE message_key = 'k'", &[])
         .await

@@ -544,11 +544,7 @@ async fn ids_within_a_group_follow_commit_order() {
         .await
         .unwrap();
     let second = db.client().await;
-    let pid: i32 = second
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let pid = backend_pid(&second).await;
     let waiter = tokio::spawn(async move {
         outboxd::enqueue(&second, &msg("b", url, Some("g"), 1))
             .await
@@ -556,19 +552,12 @@ async fn ids_within_a_group_follow_commit_order() {
             .id
     });
     let watch = db.client().await;
-    wait_until(Duration::from_secs(10), "the second enqueue to wait for the group", || {
-        let watch = &watch;
-        async move {
-            watch
-                .query_one(
-                    "SELECT coalesce((SELECT wait_event = 'advisory' FROM pg_stat_activity WHERE pid = $1), false)",
-                    &[&pid],
-                )
-                .await
-                .unwrap()
-                .get::<_, bool>(0)
-        }
-    })
+    wait_for_backend_wait(
+        &watch,
+        pid,
+        "advisory",
+        "the second enqueue to wait for the group",
+    )
     .await;
     assert!(!waiter.is_finished());
     tx.commit().await.unwrap();

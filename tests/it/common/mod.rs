@@ -240,6 +240,31 @@ where
     }
 }
 
+/// The server process of `c`'s connection, to watch it from another one.
+pub async fn backend_pid(c: &Client) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Waits (10 s at most) until backend `pid` waits on `wait_event` (`pg_stat_activity`:
+/// `advisory` for an advisory lock, `transactionid` for another transaction's row), as
+/// seen from `watch`, another connection.
+pub async fn wait_for_backend_wait(watch: &Client, pid: i32, wait_event: &str, what: &str) {
+    wait_until(Duration::from_secs(10), what, || async move {
+        watch
+            .query_one(
+                "SELECT coalesce((SELECT wait_event = $2 FROM pg_stat_activity WHERE pid = $1), false)",
+                &[&pid, &wait_event],
+            )
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    })
+    .await;
+}
+
 /// Worker settings for tests: fast polls and retries, receivers on loopback allowed.
 pub fn test_worker_config(id: &str) -> WorkerConfig {
     WorkerConfig {
