@@ -127,6 +127,11 @@ async fn connect(url: &str) -> anyhow::Result<Client> {
 
 /// A fresh database `name`, migrated by the real binary.
 async fn fresh_db(o: &Opts, name: &str) -> anyhow::Result<String> {
+    fresh_db_by(o, name, &o.outboxd).await
+}
+
+/// A fresh database `name`, migrated by the binary `bin` (each side of an A/B by its own).
+async fn fresh_db_by(o: &Opts, name: &str, bin: &std::path::Path) -> anyhow::Result<String> {
     let admin = connect(&o.db).await?;
     admin
         .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -135,7 +140,7 @@ async fn fresh_db(o: &Opts, name: &str) -> anyhow::Result<String> {
         .batch_execute(&format!("CREATE DATABASE {name}"))
         .await?;
     let url = o.db_named(name);
-    let st = std::process::Command::new(&o.outboxd)
+    let st = std::process::Command::new(bin)
         .arg("migrate")
         .env("DATABASE_URL", &url)
         .stdout(Stdio::null())

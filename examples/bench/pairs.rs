@@ -7,12 +7,21 @@
 //!   median ratio.
 //! * `ab`: two outboxd builds or settings: `BENCH_A_OUTBOXD` / `BENCH_B_OUTBOXD` (default
 //!   `BENCH_OUTBOXD`) and `BENCH_A_ENV` / `BENCH_B_ENV` (`NAME=value` pairs separated by
-//!   spaces) — the same pairs, the ratio B ÷ A.
+//!   spaces) — the same pairs, the ratio B ÷ A. Each side's database is migrated by its own
+//!   binary; `BENCH_A_SQL` / `BENCH_B_SQL` are statements run after the migration and
+//!   before the enqueue (a schema lever measured without a migration of its own).
 //!
 //! CPU: the daemon's from `/proc/PID/stat`, polled every 2 ms until it exits (the last read
 //! of a zombie gives its totals); the peer prints its own. PostgreSQL's: the postmaster's own
 //! time plus its reaped children's (`cutime`, `cstime`) plus every live child's, at the start
 //! and at the end of the drain, so a backend that exits in between still counts.
+//!
+//! Where PostgreSQL's share goes: a sampler polls the cluster's processes every 5 ms through
+//! the drain and splits what it sees into the connections' backends and the background
+//! processes (WAL writer, checkpointer, background writer, autovacuum); with it, the WAL the
+//! drain wrote per delivery (bytes, from the insert position). The split
+//! misses up to a poll's worth of a process that exits, so it is printed beside the exact
+//! total, not in place of it.
 
 use super::*;
 
@@ -81,6 +90,98 @@ fn live_children_ticks(pm: u32) -> u64 {
     ticks
 }
 
+/// What a PostgreSQL process is, from its title (`postgres: walwriter`, or `postgres: USER
+/// DB HOST(PORT) STATE` for a connection's backend).
+fn pg_kind(pid: u32) -> &'static str {
+    let title = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let title = String::from_utf8_lossy(&title);
+    if [
+        "walwriter",
+        "checkpointer",
+        "background writer",
+        "autovacuum",
+        "logical replication",
+        "stats",
+        "logger",
+        "archiver",
+    ]
+    .iter()
+    .any(|k| title.contains(k))
+    {
+        "background"
+    } else {
+        "backends"
+    }
+}
+
+/// Polls the live children of `pm` every 5 ms until told to stop; returns the CPU seconds
+/// each kind ([`pg_kind`]) used while it ran.
+struct PgSampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<HashMap<&'static str, f64>>,
+}
+
+impl PgSampler {
+    fn start(pm: u32) -> PgSampler {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            // pid → (kind, ticks at first sight, ticks at last sight)
+            let mut seen: HashMap<u32, (&'static str, u64, u64)> = HashMap::new();
+            let mut first = true;
+            loop {
+                let done = flag.load(std::sync::atomic::Ordering::Relaxed);
+                if let Ok(dir) = std::fs::read_dir("/proc") {
+                    for e in dir.flatten() {
+                        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok())
+                        else {
+                            continue;
+                        };
+                        let Some(f) = stat_fields(pid) else { continue };
+                        if f.get(1) != Some(&(pm as u64)) {
+                            continue;
+                        }
+                        let ticks = f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0);
+                        seen.entry(pid)
+                            // A process born after the first poll counts from zero.
+                            .or_insert_with(|| (pg_kind(pid), if first { ticks } else { 0 }, ticks))
+                            .2 = ticks;
+                    }
+                }
+                first = false;
+                if done {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let mut by_kind = HashMap::new();
+            for (kind, from, to) in seen.into_values() {
+                *by_kind.entry(kind).or_insert(0.0) += to.saturating_sub(from) as f64 / USER_HZ;
+            }
+            by_kind
+        });
+        PgSampler { stop, thread }
+    }
+
+    fn finish(self) -> HashMap<&'static str, f64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// The cluster's WAL so far, in bytes: the insert position. (`pg_stat_wal` would give
+/// records and full-page images too, but each backend adds to it at most once a second, so
+/// a drain's window caught part of the enqueue before it.)
+async fn wal(admin: &Client) -> anyhow::Result<f64> {
+    let r = admin
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::float8",
+            &[],
+        )
+        .await?;
+    Ok(r.get(0))
+}
+
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -102,6 +203,8 @@ enum Side {
         label: String,
         bin: PathBuf,
         env: Vec<(String, String)>,
+        /// Run after the migration, before the enqueue.
+        sql: String,
     },
     Graphile {
         bin: PathBuf,
@@ -123,6 +226,24 @@ struct Figures {
     own_us: f64,
     /// CPU µs per delivery of PostgreSQL.
     pg_us: f64,
+    split: PgSplit,
+}
+
+impl std::fmt::Display for PgSplit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PostgreSQL as sampled: backends {:.0} µs, background {:.0} µs; WAL {:.0} bytes per delivery",
+            self.backends_us, self.background_us, self.wal_bytes
+        )
+    }
+}
+
+/// Where PostgreSQL's share of one drain went, per delivery.
+struct PgSplit {
+    backends_us: f64,
+    background_us: f64,
+    wal_bytes: f64,
 }
 
 fn parse_env(spec: &str) -> Vec<(String, String)> {
@@ -135,16 +256,21 @@ fn parse_env(spec: &str) -> Vec<(String, String)> {
 async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<Figures> {
     let load = loadavg();
     let steal = Steal::start();
-    let (took, own, pg) = match side {
-        Side::Outboxd { bin, env, .. } => {
-            let url = fresh_db(o, &format!("bench_{tag}")).await?;
+    let admin = connect(&o.db).await?;
+    // `split`: the sampler and the WAL, started where the PostgreSQL clock starts (`pg0`),
+    // read where it stops.
+    let (took, own, pg, split) = match side {
+        Side::Outboxd { bin, env, sql, .. } => {
+            let url = fresh_db_by(o, &format!("bench_{tag}"), bin).await?;
             let client = connect(&url).await?;
+            client.batch_execute(sql).await?;
             load_jobs(&client, "tp", o.n, &o.payload(&o.sink)).await?;
             client
                 .batch_execute("VACUUM ANALYZE outbox.messages")
                 .await?;
             client.batch_execute("CHECKPOINT").await?;
             let log = std::fs::File::create(o.out.join(format!("{tag}.log")))?;
+            let (sampler, wal0) = (PgSampler::start(pm), wal(&admin).await?);
             let pg0 = pg_cpu(pm);
             let started = Instant::now();
             let mut child = tokio::process::Command::new(bin)
@@ -176,6 +302,7 @@ async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<F
             }
             let took = started.elapsed().as_secs_f64();
             let pg = pg_cpu(pm) - pg0;
+            let split = (sampler.finish(), wal(&admin).await? - wal0);
             let delivered: i64 = client
                 .query_one(
                     "SELECT count(*) FROM outbox.messages WHERE state = 'delivered'",
@@ -186,7 +313,7 @@ async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<F
             if delivered as usize != o.n {
                 bail!("{tag}: {delivered} of {} delivered", o.n);
             }
-            (took, cpu.0 + cpu.1, pg)
+            (took, cpu.0 + cpu.1, pg, split)
         }
         Side::Graphile { bin } => {
             let name = format!("bench_{tag}");
@@ -228,6 +355,7 @@ async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<F
                 .batch_execute("VACUUM ANALYZE graphile_worker._private_jobs")
                 .await?;
             client.batch_execute("CHECKPOINT").await?;
+            let (sampler, wal0) = (PgSampler::start(pm), wal(&admin).await?);
             let pg0 = pg_cpu(pm);
             let sink0 = sink_requests(&o.sink_status)?;
             stdin.write_all(b"go\n").await?;
@@ -237,6 +365,7 @@ async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<F
                 .context("peer: no result within 300 s")??
                 .context("peer exited without a result")?;
             let pg = pg_cpu(pm) - pg0;
+            let split = (sampler.finish(), wal(&admin).await? - wal0);
             // Every job must have made its POST: a peer that drained its queue without
             // reaching the sink would otherwise look fast.
             let sent = sink_requests(&o.sink_status)? - sink0;
@@ -259,14 +388,20 @@ async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<F
             let cpu = num_after("; cpu ")? + num_after(" user + ")?;
             drop(stdin);
             let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
-            (took, cpu, pg)
+            (took, cpu, pg, split)
         }
     };
     let n = o.n as f64;
+    let (by_kind, bytes) = split;
     let f = Figures {
         rate: n / took,
         own_us: own * 1e6 / n,
         pg_us: pg * 1e6 / n,
+        split: PgSplit {
+            backends_us: by_kind.get("backends").copied().unwrap_or(0.0) * 1e6 / n,
+            background_us: by_kind.get("background").copied().unwrap_or(0.0) * 1e6 / n,
+            wal_bytes: bytes / n,
+        },
     };
     println!(
         "  {tag} {}: {} jobs in {took:.3} s = {}/s; CPU per delivery: own {:.0} µs, PostgreSQL {:.0} µs; steal {:.0} %; load before {load}",
@@ -277,6 +412,7 @@ async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<F
         f.pg_us,
         steal.percent(),
     );
+    println!("      {}", f.split);
     Ok(f)
 }
 
@@ -288,6 +424,7 @@ async fn pairs(o: &Opts, a: &Side, b: &Side, rows: &mut Vec<Row>) -> anyhow::Res
     let (mut ra, mut rb) = (Vec::new(), Vec::new());
     let (mut own_a, mut own_b, mut pg_a, mut pg_b) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut split_a, mut split_b) = (Vec::new(), Vec::new());
     for pair in 0..o.runs {
         // a b, b a, a b, …: neither side always runs first.
         let (fa, fb) = if pair % 2 == 0 {
@@ -317,6 +454,8 @@ async fn pairs(o: &Opts, a: &Side, b: &Side, rows: &mut Vec<Row>) -> anyhow::Res
         own_b.push(fb.own_us);
         pg_a.push(fa.pg_us);
         pg_b.push(fb.pg_us);
+        split_a.push(fa.split);
+        split_b.push(fb.split);
     }
     let runs = o.runs;
     rows.push(Row {
@@ -335,7 +474,7 @@ async fn pairs(o: &Opts, a: &Side, b: &Side, rows: &mut Vec<Row>) -> anyhow::Res
         ),
         target: "".into(),
     });
-    for (side, own, pg) in [(a, own_a, pg_a), (b, own_b, pg_b)] {
+    for (side, own, pg, split) in [(a, own_a, pg_a, split_a), (b, own_b, pg_b, split_b)] {
         rows.push(Row {
             figure: format!("CPU per delivery, {} (median of {runs})", side.label()),
             result: format!(
@@ -343,6 +482,17 @@ async fn pairs(o: &Opts, a: &Side, b: &Side, rows: &mut Vec<Row>) -> anyhow::Res
                 median(own),
                 median(pg)
             ),
+            target: "".into(),
+        });
+        let m = |f: fn(&PgSplit) -> f64| median(split.iter().map(f).collect());
+        rows.push(Row {
+            figure: format!("  {}: PostgreSQL split, WAL (medians)", side.label()),
+            result: PgSplit {
+                backends_us: m(|s| s.backends_us),
+                background_us: m(|s| s.background_us),
+                wal_bytes: m(|s| s.wal_bytes),
+            }
+            .to_string(),
             target: "".into(),
         });
     }
@@ -358,6 +508,7 @@ pub(super) async fn peer(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         label: "outboxd".into(),
         bin: o.outboxd.clone(),
         env: Vec::new(),
+        sql: String::new(),
     };
     let b = Side::Graphile {
         bin: std::env::var("BENCH_PEER")
@@ -375,11 +526,12 @@ pub(super) async fn ab(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
             .map(PathBuf::from)
             .unwrap_or_else(|_| o.outboxd.clone()),
         env: parse_env(&env_or(&format!("BENCH_{which}_ENV"), "")),
+        sql: env_or(&format!("BENCH_{which}_SQL"), ""),
     };
     let (a, b) = (side("A"), side("B"));
     for (name, s) in [("A", &a), ("B", &b)] {
-        if let Side::Outboxd { bin, env, .. } = s {
-            println!("  {name}: {} {env:?}", bin.display());
+        if let Side::Outboxd { bin, env, sql, .. } = s {
+            println!("  {name}: {} {env:?} {sql:?}", bin.display());
         }
     }
     println!(
