@@ -16,6 +16,7 @@
 //!   each scale-out round);
 //! * sections run only when named: peer, ab (`bench/pairs.rs` says what they take:
 //!   `BENCH_PEER`, `BENCH_A_*`, `BENCH_B_*`);
+//! * `BENCH_SETUP_SQL` — a statement run in every fresh database after its migration;
 //! * `BENCH_N` (20000), `BENCH_RUNS` (3), `BENCH_DEPTH_PENDING` (1000000),
 //!   `BENCH_DEPTH_DELIVERED` (10000000), `BENCH_LATENCY_RATE` (500), `BENCH_LATENCY_SECS` (10).
 //!
@@ -147,6 +148,12 @@ async fn fresh_db_by(o: &Opts, name: &str, bin: &std::path::Path) -> anyhow::Res
         .status()?;
     if !st.success() {
         bail!("outboxd migrate failed");
+    }
+    // BENCH_SETUP_SQL: a statement run in every fresh database after its migration (a
+    // schema setting measured before it is a migration of its own).
+    let setup = env_or("BENCH_SETUP_SQL", "");
+    if !setup.is_empty() {
+        connect(&url).await?.batch_execute(&setup).await?;
     }
     Ok(url)
 }

@@ -1,7 +1,7 @@
 //! `sql/schema.sql` says what the schema is after every migration: this test migrates a fresh
 //! database, loads `sql/schema.sql` into an empty one, and compares the two catalogs
-//! (functions as `pg_get_functiondef` prints them, columns, constraints, indexes, triggers),
-//! which is robust to the file's formatting.
+//! (functions as `pg_get_functiondef` prints them, columns, constraints, indexes, triggers,
+//! tables' storage parameters), which is robust to the file's formatting.
 
 use crate::common;
 
@@ -26,6 +26,9 @@ UNION ALL
 SELECT 'index ' || pg_get_indexdef(i.indexrelid)
 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
 WHERE c.relnamespace = 'outbox'::regnamespace
+UNION ALL
+SELECT format('table %s %s', c.relname, c.reloptions::text)
+FROM pg_class c WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind = 'r'
 UNION ALL
 SELECT 'trigger ' || pg_get_triggerdef(t.oid)
 FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
