@@ -50,6 +50,10 @@ pub struct Claimed {
     /// Where a webhook goes ([`destination_of`], the rules of `outbox.destination_of`): the
     /// key of the rules per destination. `None` for e-mail and for a URL without a name.
     pub destination: Option<String>,
+    /// A webhook's payload, read once here for its routing and handed to the attempt
+    /// (`None` for e-mail, and for a payload that is not a JSON object: the attempt
+    /// refuses that one from the text).
+    pub webhook: Option<crate::deliver::webhook::payload::Read>,
 }
 
 /// A row picked by the claim whose previous lease had expired and that may not be sent
@@ -243,10 +247,12 @@ fn claim_batch(rows: Vec<tokio_postgres::Row>) -> ClaimBatch {
             previous_class: previous_class.and_then(ErrorClass::parse),
             reconcile: false,
             destination: None,
+            webhook: None,
         });
         if let Some(m) = batch.claimed.last_mut() {
             if m.channel == Channel::Webhook {
-                let r = routing(&m.payload);
+                m.webhook = crate::deliver::webhook::payload::read(&m.payload).ok();
+                let r = routing_of(m.webhook.as_ref());
                 m.destination = r.destination;
                 m.reconcile = r.reconcile;
             }
@@ -508,6 +514,18 @@ pub fn routing(payload: &str) -> Routing {
     }
 }
 
+/// [`routing`] of a payload already read ([`crate::deliver::webhook::payload::read`];
+/// `None` when it is not a JSON object): the same answer without a second scan of the text.
+pub fn routing_of(read: Option<&crate::deliver::webhook::payload::Read>) -> Routing {
+    let Some(read) = read else {
+        return Routing::default();
+    };
+    Routing {
+        destination: read.url().and_then(destination_of_url),
+        reconcile: read.names_reconcile(),
+    }
+}
+
 /// The destination of a webhook payload ([`Routing::destination`]).
 pub fn destination_of(payload: &str) -> Option<String> {
     routing(payload).destination
@@ -569,5 +587,69 @@ pub fn destination_of_url(url: &str) -> Option<String> {
         Some(80) if scheme == "http" => Some(host),
         Some(443) if scheme == "https" => Some(host),
         Some(p) => Some(format!("{host}:{p}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deliver::webhook::payload::read;
+
+    /// The claim routes a webhook from its payload read once ([`routing_of`]); that must be
+    /// [`routing`]'s answer from the text, which `tests/it/destinations.rs` holds to
+    /// `outbox.destination_of` and `outbox.reconcilable`.
+    #[test]
+    fn routing_of_a_read_payload_is_routing_of_its_text() {
+        let urls = [
+            r#""http://a.example/hook""#,
+            r#""HTTP://User:Pw@A.Example:80/p?q=1#f""#,
+            r#""https://a.example:443""#,
+            r#""https://a.example:8443/x""#,
+            r#""http://[::1]:8080/""#,
+            r#""http://a.example./""#,
+            r#""http:\/\/a.example\/escaped""#,
+            r#""http://\u212Aelvin.example/""#,
+            r#""ftp://a.example/""#,
+            r#""http://a example/""#,
+            r#""http://a.example:99999/""#,
+            r#""not a url""#,
+            r#""""#,
+            "5",
+            "null",
+            "{}",
+            r#"["http://a.example"]"#,
+        ];
+        let reconciles = [
+            None,
+            Some(r#"{"url": "http://b.example/lookup"}"#),
+            Some(r#"{"url": 5}"#),
+            Some(r#"{"other": "x"}"#),
+            Some(r#""http://b.example""#),
+            Some("null"),
+            Some(r#"[{"url": "http://b.example"}]"#),
+        ];
+        let mut payloads = vec![
+            "[]".to_owned(),
+            r#""text""#.to_owned(),
+            "5".to_owned(),
+            "null".to_owned(),
+            "{}".to_owned(),
+            r#"{"url": "http://a.example", "url": "http://b.example"}"#.to_owned(),
+            r#"{"url": "http://a.example""#.to_owned(),
+        ];
+        for url in urls {
+            for reconcile in reconciles {
+                let mut p = format!(r#"{{"body": {{"n": [1, "x\"y"]}}, "url": {url}"#);
+                if let Some(r) = reconcile {
+                    p.push_str(&format!(r#", "reconcile": {r}"#));
+                }
+                p.push('}');
+                payloads.push(p);
+            }
+        }
+        for p in &payloads {
+            let read = read(p).ok();
+            assert_eq!(routing_of(read.as_ref()), routing(p), "{p}");
+        }
     }
 }

@@ -116,6 +116,9 @@ pub struct Outgoing<'a> {
     pub key: &'a str,
     /// The payload, as jsonb's text form.
     pub payload: &'a str,
+    /// A webhook's payload as the claim already read it
+    /// ([`webhook::payload::read`]): the channel checks it rather than `payload` again.
+    pub webhook: Option<&'a webhook::payload::Read>,
     /// The class the previous attempt ended with, as the claim found it on the row
     /// (`ambiguous` after a timeout or an expired lease): a webhook with a `reconcile` URL
     /// asks before it sends again.

@@ -171,6 +171,7 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
         .send(Outgoing {
             key: &msg.key,
             payload: &msg.payload,
+            webhook: msg.webhook.as_ref(),
             previous: msg.previous_class,
         })
         .instrument(span.clone())
@@ -343,6 +344,7 @@ mod tests {
             previous_class: None,
             reconcile: false,
             destination: None,
+            webhook: None,
         }
     }
 

@@ -25,7 +25,7 @@ use hyper::header::{self, HeaderMap, HeaderValue};
 
 use self::classify::{classify_error, parse_retry_after};
 use self::client::{HttpClient, Response};
-use self::payload::{Request, parse_payload_with};
+use self::payload::{Request, check, parse_payload_with};
 use self::settings::{SigningKeys, WebhookConfig};
 use self::signing::signatures;
 use self::urls::UrlCache;
@@ -139,7 +139,10 @@ impl WebhookSender {
     /// Checks the payload and both destinations as far as can be done without a request:
     /// a bad URL, scheme or literal address is `invalid` before anything is sent.
     fn prepare<'a>(&self, msg: Outgoing<'a>) -> Result<Prepared<'a>, DeliveryError> {
-        let req = parse_payload_with(msg.payload, Some(&self.urls))?;
+        let req = match msg.webhook {
+            Some(read) => check(read, Some(&self.urls))?,
+            None => parse_payload_with(msg.payload, Some(&self.urls))?,
+        };
         if let Some(name) = &req.secret {
             if self.signing.for_name(Some(name)).is_none() {
                 // The name is letters, digits and _ (parse_payload): safe to show.

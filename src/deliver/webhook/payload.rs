@@ -26,17 +26,40 @@ const RESERVED_HEADERS: [&str; 7] = [
 /// the application's.
 const HEADER_ROOM: usize = 12;
 
-/// The webhook payload, as the contract has it.
-#[derive(Deserialize)]
-struct Payload<'a> {
+/// A webhook payload read from its JSON text, its members not yet checked: what
+/// [`read`] gives and [`check`] turns into a [`Request`]. The claim reads each webhook's
+/// payload once, takes its routing from it (`claim::routing_of`) and hands it to the
+/// attempt, so the text is scanned once per attempt, not twice (issue 17, lever 4).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Read {
     url: Option<serde_json::Value>,
     method: Option<serde_json::Value>,
     headers: Option<serde_json::Value>,
-    #[serde(borrow)]
-    body: Option<&'a RawValue>,
+    body: Option<Box<RawValue>>,
     reconcile: Option<serde_json::Value>,
     store_response: Option<serde_json::Value>,
     secret: Option<serde_json::Value>,
+}
+
+impl Read {
+    /// `url`, when it is a string.
+    pub fn url(&self) -> Option<&str> {
+        self.url.as_ref().and_then(serde_json::Value::as_str)
+    }
+
+    /// `reconcile.url` is a string: the rule of `outbox.reconcilable`.
+    pub fn names_reconcile(&self) -> bool {
+        self.reconcile
+            .as_ref()
+            .and_then(|r| r.get("url"))
+            .is_some_and(serde_json::Value::is_string)
+    }
+}
+
+/// Reads a webhook payload (jsonb text): a JSON object, its members unchecked.
+pub fn read(payload: &str) -> Result<Read, DeliveryError> {
+    serde_json::from_str(payload)
+        .map_err(|_| DeliveryError::invalid("payload is not a JSON object of the webhook shape"))
 }
 
 /// A payload checked and ready to send.
@@ -62,7 +85,7 @@ pub struct Request {
 /// Through `urls` when given (the sender's cache), else parsed afresh.
 fn parse_url(
     field: &str,
-    value: Option<serde_json::Value>,
+    value: Option<&serde_json::Value>,
     urls: Option<&UrlCache>,
 ) -> Result<url::Url, DeliveryError> {
     let url = match value {
@@ -70,8 +93,8 @@ fn parse_url(
         _ => return Err(DeliveryError::invalid(format!("{field} must be a string"))),
     };
     let parsed = match urls {
-        Some(cache) => cache.parse(&url),
-        None => url::Url::parse(&url),
+        Some(cache) => cache.parse(url),
+        None => url::Url::parse(url),
     };
     let url =
         parsed.map_err(|e| DeliveryError::invalid(format!("{field} is not a valid URL ({e})")))?;
@@ -90,13 +113,13 @@ fn parse_url(
 /// `reconcile`: absent or null, or an object with a string `url` (other members are
 /// ignored, so a provider's lookup can grow settings later).
 fn parse_reconcile(
-    value: Option<serde_json::Value>,
+    value: Option<&serde_json::Value>,
     urls: Option<&UrlCache>,
 ) -> Result<Option<url::Url>, DeliveryError> {
     match value {
         None | Some(serde_json::Value::Null) => Ok(None),
-        Some(serde_json::Value::Object(mut map)) => {
-            parse_url("payload.reconcile.url", map.remove("url"), urls).map(Some)
+        Some(serde_json::Value::Object(map)) => {
+            parse_url("payload.reconcile.url", map.get("url"), urls).map(Some)
         }
         Some(_) => Err(DeliveryError::invalid(
             "payload.reconcile must be an object with a string url",
@@ -115,10 +138,14 @@ pub fn parse_payload_with(
     payload: &str,
     urls: Option<&UrlCache>,
 ) -> Result<Request, DeliveryError> {
-    let p: Payload<'_> = serde_json::from_str(payload)
-        .map_err(|_| DeliveryError::invalid("payload is not a JSON object of the webhook shape"))?;
-    let url = parse_url("payload.url", p.url, urls)?;
-    let method = match p.method {
+    check(&read(payload)?, urls)
+}
+
+/// Checks a [`read`] payload and turns it into a request, or says why it is invalid; its
+/// URLs parsed through `urls` (the sender's cache) when given.
+pub fn check(p: &Read, urls: Option<&UrlCache>) -> Result<Request, DeliveryError> {
+    let url = parse_url("payload.url", p.url.as_ref(), urls)?;
+    let method = match &p.method {
         None | Some(serde_json::Value::Null) => hyper::Method::POST,
         Some(serde_json::Value::String(m)) => match m.to_ascii_uppercase().as_str() {
             "POST" => hyper::Method::POST,
@@ -134,20 +161,20 @@ pub fn parse_payload_with(
     };
     // One allocation for every header of the request, where an empty map grew on the way.
     let mut headers = HeaderMap::with_capacity(HEADER_ROOM);
-    match p.headers {
+    match &p.headers {
         None | Some(serde_json::Value::Null) => {}
         Some(serde_json::Value::Object(map)) => {
             for (name, value) in map {
                 let serde_json::Value::String(value) = value else {
                     return Err(DeliveryError::invalid(format!(
                         "payload.headers.{} must be a string",
-                        crate::text::stripped(&name, 64)
+                        crate::text::stripped(name, 64)
                     )));
                 };
                 let hname = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
                     DeliveryError::invalid(format!(
                         "payload.headers: {:?} is not a valid header name",
-                        crate::text::stripped(&name, 64)
+                        crate::text::stripped(name, 64)
                     ))
                 })?;
                 if RESERVED_HEADERS.contains(&hname.as_str()) {
@@ -157,7 +184,7 @@ pub fn parse_payload_with(
                     )));
                 }
                 // HeaderValue refuses CR, LF and other control bytes: no header injection.
-                let hvalue = HeaderValue::from_str(&value).map_err(|_| {
+                let hvalue = HeaderValue::from_str(value).map_err(|_| {
                     DeliveryError::invalid(format!(
                         "payload.headers.{} has a value with control characters",
                         hname.as_str()
@@ -172,20 +199,20 @@ pub fn parse_payload_with(
             ));
         }
     }
-    let reconcile = parse_reconcile(p.reconcile, urls)?;
-    let store_response = match p.store_response {
+    let reconcile = parse_reconcile(p.reconcile.as_ref(), urls)?;
+    let store_response = match &p.store_response {
         None | Some(serde_json::Value::Null) => false,
-        Some(serde_json::Value::Bool(b)) => b,
+        Some(serde_json::Value::Bool(b)) => *b,
         Some(_) => {
             return Err(DeliveryError::invalid(
                 "payload.store_response must be a boolean",
             ));
         }
     };
-    let secret = match p.secret {
+    let secret = match &p.secret {
         None | Some(serde_json::Value::Null) => None,
         Some(serde_json::Value::String(name))
-            if crate::deliver::webhook::settings::is_secret_name(&name) =>
+            if crate::deliver::webhook::settings::is_secret_name(name) =>
         {
             Some(name.to_ascii_uppercase())
         }
@@ -197,6 +224,7 @@ pub fn parse_payload_with(
     };
     let body = p
         .body
+        .as_ref()
         .map(|b| b.get().as_bytes().to_vec())
         .unwrap_or_else(|| b"null".to_vec());
     Ok(Request {
