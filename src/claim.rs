@@ -50,9 +50,10 @@ pub struct Claimed {
     /// Where a webhook goes ([`destination_of`], the rules of `outbox.destination_of`): the
     /// key of the rules per destination. `None` for e-mail and for a URL without a name.
     pub destination: Option<String>,
-    /// A webhook's payload, read once here for its routing and handed to the attempt
-    /// (`None` for e-mail, and for a payload that is not a JSON object: the attempt
-    /// refuses that one from the text).
+    /// A webhook's payload of at most [`READ_ONCE_MAX`] bytes, read once here for its
+    /// routing and handed to the attempt. `None` for e-mail, for a larger payload and for
+    /// one that does not read (not a JSON object, or a member serde cannot hold, such as
+    /// a number beyond f64): those are routed and checked from the text, as before.
     pub webhook: Option<crate::deliver::webhook::payload::Read>,
 }
 
@@ -251,8 +252,13 @@ fn claim_batch(rows: Vec<tokio_postgres::Row>) -> ClaimBatch {
         });
         if let Some(m) = batch.claimed.last_mut() {
             if m.channel == Channel::Webhook {
-                m.webhook = crate::deliver::webhook::payload::read(&m.payload).ok();
-                let r = routing_of(m.webhook.as_ref());
+                if m.payload.len() <= READ_ONCE_MAX {
+                    m.webhook = crate::deliver::webhook::payload::read(&m.payload).ok();
+                }
+                let r = match &m.webhook {
+                    Some(read) => routing_of(read),
+                    None => routing(&m.payload),
+                };
                 m.destination = r.destination;
                 m.reconcile = r.reconcile;
             }
@@ -514,12 +520,20 @@ pub fn routing(payload: &str) -> Routing {
     }
 }
 
-/// [`routing`] of a payload already read ([`crate::deliver::webhook::payload::read`];
-/// `None` when it is not a JSON object): the same answer without a second scan of the text.
-pub fn routing_of(read: Option<&crate::deliver::webhook::payload::Read>) -> Routing {
-    let Some(read) = read else {
-        return Routing::default();
-    };
+/// The largest webhook payload (its text, in bytes) the claim reads whole and keeps until
+/// its attempt ([`Claimed::webhook`]). Read, a payload is a tree of values that can take
+/// many times its text (an array of 0s: 16 times), and the claim does the reading on its
+/// own task: a bound keeps both small for the rows claimed ahead (up to 320 at 64 in
+/// flight: 20 MiB at the worst). A larger payload is routed from its text and read by its
+/// attempt, as every payload was before.
+pub const READ_ONCE_MAX: usize = 4096;
+
+/// [`routing`] of a payload already read ([`crate::deliver::webhook::payload::read`]),
+/// without a second scan of the text. For a payload that reads, it agrees with
+/// [`routing`] and with the SQL rules, except where [`routing`] did not: a `reconcile`
+/// that is an array (serde reads a struct from a sequence too) names no lookup here, as
+/// in `outbox.reconcilable`.
+pub fn routing_of(read: &crate::deliver::webhook::payload::Read) -> Routing {
     Routing {
         destination: read.url().and_then(destination_of_url),
         reconcile: read.names_reconcile(),
@@ -648,8 +662,28 @@ mod tests {
             }
         }
         for p in &payloads {
-            let read = read(p).ok();
-            assert_eq!(routing_of(read.as_ref()), routing(p), "{p}");
+            match read(p) {
+                Ok(read) => assert_eq!(routing_of(&read), routing(p), "{p}"),
+                // Not read: the claim routes it from the text.
+                Err(_) => assert!(
+                    !p.starts_with(r#"{"body""#),
+                    "every object of the corpus reads: {p}"
+                ),
+            }
+        }
+        // What does not read is routed from its text, as before: a number beyond f64 (jsonb
+        // renders 1e400 as 401 digits), a member nested deeper than serde's limit.
+        let big = format!("1{}", "0".repeat(400));
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        for p in [
+            format!(
+                r#"{{"url": "http://a.example/", "reconcile": {{"url": "http://b.example/", "n": {big}}}}}"#
+            ),
+            format!(r#"{{"url": "http://a.example/", "method": {deep}}}"#),
+        ] {
+            assert!(read(&p).is_err(), "{p}");
+            let r = routing(&p);
+            assert_eq!(r.destination.as_deref(), Some("a.example"), "{p}");
         }
     }
 }
