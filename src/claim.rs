@@ -252,13 +252,8 @@ fn claim_batch(rows: Vec<tokio_postgres::Row>) -> ClaimBatch {
         });
         if let Some(m) = batch.claimed.last_mut() {
             if m.channel == Channel::Webhook {
-                if m.payload.len() <= READ_ONCE_MAX {
-                    m.webhook = crate::deliver::webhook::payload::read(&m.payload).ok();
-                }
-                let r = match &m.webhook {
-                    Some(read) => routing_of(read),
-                    None => routing(&m.payload),
-                };
+                let (read, r) = read_and_route(&m.payload);
+                m.webhook = read;
                 m.destination = r.destination;
                 m.reconcile = r.reconcile;
             }
@@ -509,8 +504,11 @@ pub fn routing(payload: &str) -> Routing {
         .url
         .and_then(string)
         .and_then(|url| destination_of_url(&url));
+    // An object only: serde also reads a struct from an array (its members in order), and
+    // `outbox.reconcilable` finds no `url` in `["https://…"]`.
     let reconcile = f
         .reconcile
+        .filter(|raw| raw.get().trim_start().starts_with('{'))
         .and_then(|raw| serde_json::from_str::<Reconcile<'_>>(raw.get()).ok())
         .and_then(|r| r.url)
         .is_some_and(|u| u.get().starts_with('"'));
@@ -518,6 +516,22 @@ pub fn routing(payload: &str) -> Routing {
         destination,
         reconcile,
     }
+}
+
+/// What the claim keeps of a webhook payload: the payload read, when it is at most
+/// [`READ_ONCE_MAX`] bytes and reads, and its routing, from the read payload or else from
+/// the text.
+pub fn read_and_route(payload: &str) -> (Option<crate::deliver::webhook::payload::Read>, Routing) {
+    let read = if payload.len() <= READ_ONCE_MAX {
+        crate::deliver::webhook::payload::read(payload).ok()
+    } else {
+        None
+    };
+    let routing = match &read {
+        Some(read) => routing_of(read),
+        None => routing(payload),
+    };
+    (read, routing)
 }
 
 /// The largest webhook payload (its text, in bytes) the claim reads whole and keeps until
@@ -530,9 +544,7 @@ pub const READ_ONCE_MAX: usize = 4096;
 
 /// [`routing`] of a payload already read ([`crate::deliver::webhook::payload::read`]),
 /// without a second scan of the text. For a payload that reads, it agrees with
-/// [`routing`] and with the SQL rules, except where [`routing`] did not: a `reconcile`
-/// that is an array (serde reads a struct from a sequence too) names no lookup here, as
-/// in `outbox.reconcilable`.
+/// [`routing`] and with the SQL rules (`tests/it/destinations.rs` checks all three).
 pub fn routing_of(read: &crate::deliver::webhook::payload::Read) -> Routing {
     Routing {
         destination: read.url().and_then(destination_of_url),

@@ -65,6 +65,11 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
             *want,
             "the worker's destination of {url:?}"
         );
+        assert_eq!(
+            claim::read_and_route(&payload).1.destination.as_deref(),
+            *want,
+            "the claim's destination of {url:?}"
+        );
     }
     // More shapes, where only agreement matters: every one named alike by both.
     let mut more: Vec<String> = Vec::new();
@@ -111,6 +116,11 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
             outboxd::claim::destination_of(&payload),
             sql,
             "the worker and outbox.destination_of disagree on {url:?}"
+        );
+        assert_eq!(
+            claim::read_and_route(&payload).1.destination,
+            sql,
+            "the claim and outbox.destination_of disagree on {url:?}"
         );
     }
     // Not a string, and not a webhook: no name.
@@ -365,6 +375,8 @@ async fn the_worker_reads_reconcile_as_outbox_reconcilable_does() {
         r#"{"url": "https://a.example", "reconcile": "https://a.example/r"}"#,
         r#"{"url": "https://a.example", "reconcile": null}"#,
         r#"{"url": "https://a.example", "reconcile": [{"url": "x"}]}"#,
+        r#"{"url": "https://a.example", "reconcile": ["https://a.example/r"]}"#,
+        r#"{"url": "https://a.example", "reconcile": {"url": "https://a.example/r", "n": 1e400}}"#,
         r#"{"url": 5, "reconcile": {"url": "https://a.example/r"}}"#,
         r#"{"reconcile": {"url": "\u00e9\n"}}"#,
         r#"{"url": "https://a.example"}"#,
@@ -393,5 +405,8 @@ async fn the_worker_reads_reconcile_as_outbox_reconcilable_does() {
         let r = outboxd::claim::routing(&rendered);
         assert_eq!(r.reconcile, sql, "reconcile of {p}");
         assert_eq!(r.destination, dest, "destination of {p}");
+        let r = claim::read_and_route(&rendered).1;
+        assert_eq!(r.reconcile, sql, "the claim's reconcile of {p}");
+        assert_eq!(r.destination, dest, "the claim's destination of {p}");
     }
 }
