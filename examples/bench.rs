@@ -1504,20 +1504,26 @@ fn proc_stat(pid: u32) -> Option<(u32, u64, u64)> {
 /// its live children. The postmaster and its backends and auxiliary processes; nginx's
 /// master and worker.
 fn tree_ticks(root: u32) -> u64 {
-    let mut total = proc_stat(root).map_or(0, |(_, own, reaped)| own + reaped);
+    let own = proc_stat(root).map_or(0, |(_, own, reaped)| own + reaped);
+    own + children(root).iter().map(|(_, ticks)| ticks).sum::<u64>()
+}
+
+/// The live children of `parent`: (pid, their own user + system ticks).
+fn children(parent: u32) -> Vec<(u32, u64)> {
+    let mut found = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for e in dir.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
                 continue;
             };
             if let Some((ppid, own, _)) = proc_stat(pid)
-                && ppid == root
+                && ppid == parent
             {
-                total += own;
+                found.push((pid, own));
             }
         }
     }
-    total
+    found
 }
 
 fn own_ticks(pid: u32) -> u64 {

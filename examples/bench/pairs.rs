@@ -64,30 +64,12 @@ fn pg_cpu(pm: u32) -> f64 {
     let mut ticks = 0u64;
     for _ in 0..20 {
         let (own, reaped) = own_and_reaped(pm);
-        ticks = own + reaped + live_children_ticks(pm);
+        ticks = own + reaped + children(pm).iter().map(|(_, t)| t).sum::<u64>();
         if own_and_reaped(pm).1 == reaped {
             break;
         }
     }
     ticks as f64 / USER_HZ
-}
-
-/// user + system ticks of the live children of `pm`.
-fn live_children_ticks(pm: u32) -> u64 {
-    let mut ticks = 0u64;
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
-            if let Some(f) = stat_fields(pid) {
-                if f.get(1) == Some(&(pm as u64)) {
-                    ticks += f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0);
-                }
-            }
-        }
-    }
-    ticks
 }
 
 /// What a PostgreSQL process is, from its title (`postgres: walwriter`, or `postgres: USER
@@ -131,22 +113,11 @@ impl PgSampler {
             let mut first = true;
             loop {
                 let done = flag.load(std::sync::atomic::Ordering::Relaxed);
-                if let Ok(dir) = std::fs::read_dir("/proc") {
-                    for e in dir.flatten() {
-                        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok())
-                        else {
-                            continue;
-                        };
-                        let Some(f) = stat_fields(pid) else { continue };
-                        if f.get(1) != Some(&(pm as u64)) {
-                            continue;
-                        }
-                        let ticks = f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0);
-                        seen.entry(pid)
-                            // A process born after the first poll counts from zero.
-                            .or_insert_with(|| (pg_kind(pid), if first { ticks } else { 0 }, ticks))
-                            .2 = ticks;
-                    }
+                for (pid, ticks) in children(pm) {
+                    seen.entry(pid)
+                        // A process born after the first poll counts from zero.
+                        .or_insert_with(|| (pg_kind(pid), if first { ticks } else { 0 }, ticks))
+                        .2 = ticks;
                 }
                 first = false;
                 if done {
