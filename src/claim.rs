@@ -23,7 +23,7 @@ use crate::retry::RetryPolicy;
 use crate::state::Transition;
 
 /// A message claimed by this worker for one attempt.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Claimed {
     /// The message id.
     pub id: i64,
@@ -55,6 +55,27 @@ pub struct Claimed {
     /// one that does not read (not a JSON object, or a member serde cannot hold, such as
     /// a number beyond f64): those are routed and checked from the text, as before.
     pub webhook: Option<crate::deliver::webhook::payload::Read>,
+}
+
+impl std::fmt::Debug for Claimed {
+    /// Everything but the payload, of which only its length: a payload carries URLs with
+    /// tokens, header values and the body, none of which may reach a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claimed")
+            .field("id", &self.id)
+            .field("key", &self.key)
+            .field("channel", &self.channel)
+            .field("payload_len", &self.payload.len())
+            .field("attempt", &self.attempt)
+            .field("max_attempts", &self.max_attempts)
+            .field("retry_ambiguous", &self.retry_ambiguous)
+            .field("lease_token", &self.lease_token)
+            .field("previous_class", &self.previous_class)
+            .field("reconcile", &self.reconcile)
+            .field("destination", &self.destination)
+            .field("webhook", &self.webhook)
+            .finish()
+    }
 }
 
 /// A row picked by the claim whose previous lease had expired and that may not be sent

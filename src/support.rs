@@ -1,6 +1,7 @@
 //! Small helpers more than one room needs, each in one copy: a mutex lock that survives
-//! poisoning, this machine's host name, and the walk down an error's causes. Nothing here
-//! knows about messages, channels or the database.
+//! poisoning, this machine's host name, the walk down an error's causes, and the `Debug`
+//! of a value that must not be printed. Nothing here knows about messages, channels or
+//! the database.
 
 use std::error::Error;
 use std::sync::{Mutex, MutexGuard};
@@ -27,6 +28,26 @@ pub fn causes<'a>(
     err: &'a (dyn Error + 'static),
 ) -> impl Iterator<Item = &'a (dyn Error + 'static)> {
     std::iter::successors(err.source(), |e: &&'a (dyn Error + 'static)| (*e).source())
+}
+
+/// `Debug` for a value that must never be printed (a secret, a URL that may carry a
+/// password or a token): whether there is one, never what it is. The structs that hold
+/// such values write their `Debug` by hand with it, so that a `{:?}` anywhere (a log line,
+/// a panic message, an application's own error report) cannot show them.
+pub struct Redacted<'a, T>(pub &'a Option<T>);
+
+impl<T> std::fmt::Debug for Redacted<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            Some(_) => "Some([redacted])",
+            None => "None",
+        })
+    }
+}
+
+/// The names of `(variable, value)` pairs of secrets, for a `Debug` that shows no value.
+pub fn secret_names(pairs: &[(String, String)]) -> Vec<&str> {
+    pairs.iter().map(|(name, _)| name.as_str()).collect()
 }
 
 #[cfg(test)]
@@ -57,5 +78,12 @@ mod tests {
         })
         .join();
         assert_eq!(*lock(&m), 1);
+    }
+
+    #[test]
+    fn redacted_says_whether_not_what() {
+        let secret = Some("hunter2".to_owned());
+        assert_eq!(format!("{:?}", Redacted(&secret)), "Some([redacted])");
+        assert_eq!(format!("{:?}", Redacted::<String>(&None)), "None");
     }
 }

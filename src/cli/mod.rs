@@ -39,7 +39,7 @@ pub use run::worker_settings;
 use crate::model::ConfigError;
 
 /// The environment the CLI reads (besides flags), read once in `main`.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Env {
     /// `DATABASE_URL`.
     pub database_url: Option<String>,
@@ -58,6 +58,27 @@ pub struct Env {
     pub email_message_id_domain: Option<String>,
     /// `OUTBOXD_CONSOLE_TOKEN`: the console's sign-in token.
     pub console_token: Option<String>,
+}
+
+impl std::fmt::Debug for Env {
+    /// By hand: the database and SMTP URLs (their passwords), the signing secrets and the
+    /// console's token are never shown; the named secrets show their variables' names.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::support::{Redacted, secret_names};
+        f.debug_struct("Env")
+            .field("database_url", &Redacted(&self.database_url))
+            .field("smtp_url", &Redacted(&self.smtp_url))
+            .field("webhook_secret", &Redacted(&self.webhook_secret))
+            .field(
+                "named_webhook_secrets",
+                &secret_names(&self.named_webhook_secrets),
+            )
+            .field("allow_private_networks", &self.allow_private_networks)
+            .field("webhook_allow_hosts", &self.webhook_allow_hosts)
+            .field("email_message_id_domain", &self.email_message_id_domain)
+            .field("console_token", &Redacted(&self.console_token))
+            .finish()
+    }
 }
 
 /// The `OUTBOXD_WEBHOOK_SECRET_<NAME>` variables among `vars`, sorted by name.

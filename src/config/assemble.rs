@@ -15,6 +15,7 @@ use crate::deliver::email::settings::{EmailConfig, SmtpUrl, parse_message_id_dom
 use crate::deliver::webhook::settings::{DestinationPolicy, SigningKeys, WebhookConfig};
 use crate::model::{Channel, ConfigError};
 use crate::retry::RetryPolicy;
+use crate::support::{Redacted, secret_names};
 
 /// The shortest age at which a finished message may be deleted: a message key's dedup
 /// record must outlive the provider's retry window.
@@ -22,7 +23,7 @@ pub const RETENTION_FLOOR: Duration = Duration::from_secs(24 * 3600);
 
 /// The raw values `outboxd run` is configured from, flags and environment alike. Each
 /// field is named after the flag or variable it comes from; nothing here is validated yet.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RunInput {
     /// `--concurrency`: most deliveries in flight at once.
     pub concurrency: usize,
@@ -70,6 +71,41 @@ pub struct RunInput {
     pub host_concurrency: usize,
     /// `--webhook-rate-limits` / `OUTBOXD_WEBHOOK_RATE_LIMITS`: `host=N/s|N/m`, comma-separated.
     pub webhook_rate_limits: Option<String>,
+}
+
+impl std::fmt::Debug for RunInput {
+    /// By hand: the SMTP URL (its password) and the signing secrets are never shown; the
+    /// named secrets show their variables' names.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunInput")
+            .field("concurrency", &self.concurrency)
+            .field("batch_size", &self.batch_size)
+            .field("poll_interval", &self.poll_interval)
+            .field("lease", &self.lease)
+            .field("webhook_timeout", &self.webhook_timeout)
+            .field("smtp_timeout", &self.smtp_timeout)
+            .field("retry_base", &self.retry_base)
+            .field("retry_max", &self.retry_max)
+            .field("retention", &self.retention)
+            .field("channels", &self.channels)
+            .field("worker_id", &self.worker_id)
+            .field("drain", &self.drain)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("breaker_threshold", &self.breaker_threshold)
+            .field("breaker_cooldown", &self.breaker_cooldown)
+            .field("smtp_url", &Redacted(&self.smtp_url))
+            .field("webhook_secret", &Redacted(&self.webhook_secret))
+            .field(
+                "named_webhook_secrets",
+                &secret_names(&self.named_webhook_secrets),
+            )
+            .field("allow_private_networks", &self.allow_private_networks)
+            .field("webhook_allow_hosts", &self.webhook_allow_hosts)
+            .field("email_message_id_domain", &self.email_message_id_domain)
+            .field("host_concurrency", &self.host_concurrency)
+            .field("webhook_rate_limits", &self.webhook_rate_limits)
+            .finish()
+    }
 }
 
 /// Builds the worker's settings from the raw values, validated. The e-mail settings are

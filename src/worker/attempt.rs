@@ -274,8 +274,12 @@ fn attempt_span(msg: &Claimed) -> tracing::Span {
         otel.status_description = tracing::field::Empty,
     );
     if !span.is_disabled() && msg.channel == Channel::Webhook {
-        let parent = crate::deliver::webhook::payload::trace_headers(&msg.payload)
-            .and_then(|h| crate::telemetry::remote_parent(&h));
+        // From the payload the claim read, if it did; else from the text.
+        let headers = match &msg.webhook {
+            Some(read) => read.trace_headers(),
+            None => crate::deliver::webhook::payload::trace_headers(&msg.payload),
+        };
+        let parent = headers.and_then(|h| crate::telemetry::remote_parent(&h));
         if let Some(cx) = parent {
             // Only fails for a span already started or not exported: neither is the case
             // here, and a root span would do then.

@@ -542,3 +542,108 @@ async fn show_and_dead_print_no_url_userinfo_path_or_query_and_no_email_content(
     assert!(shown.contains("[redacted"), "{shown}");
     assert!(shown.contains("redact:email"), "{shown}");
 }
+
+/// `{:?}` of every value that holds a secret, a payload or a webhook URL: an application
+/// or a later log line may print one, so none may show what it holds. Each also shows
+/// something (a host, a header's name, a length), so the check is not vacuous.
+#[test]
+fn debug_of_what_holds_secrets_shows_none() {
+    use outboxd::deliver::webhook::{payload, settings, urls::UrlCache};
+    const SMTP_PASSWORD: &str = "SMTPPASSWORD42";
+    const CONSOLE_TOKEN: &str = "CONSOLETOKEN-0123456789abcdef";
+    let (secret, _) = webhook_secret();
+    let db_url = format!("postgres://app:{DB_PASSWORD}@db.example/app");
+    let smtp_url = format!("smtp://mailer:{SMTP_PASSWORD}@smtp.example:587");
+    let named = vec![("OUTBOXD_WEBHOOK_SECRET_BILLING".to_owned(), secret.clone())];
+    let text = secret_payload("http://hooks.example.com:8443", "debug").to_string();
+
+    let env = outboxd::cli::Env {
+        database_url: Some(db_url),
+        smtp_url: Some(smtp_url.clone()),
+        webhook_secret: Some(secret.clone()),
+        named_webhook_secrets: named.clone(),
+        console_token: Some(CONSOLE_TOKEN.into()),
+        ..Default::default()
+    };
+    let input = outboxd::config::assemble::RunInput {
+        concurrency: 64,
+        batch_size: 100,
+        poll_interval: Duration::from_secs(1),
+        lease: Duration::from_secs(60),
+        webhook_timeout: Duration::from_secs(10),
+        smtp_timeout: Duration::from_secs(30),
+        retry_base: Duration::from_secs(5),
+        retry_max: Duration::from_secs(900),
+        retention: Duration::from_secs(7 * 86400),
+        channels: None,
+        worker_id: None,
+        drain: false,
+        shutdown_grace: Duration::from_secs(30),
+        breaker_threshold: 5,
+        breaker_cooldown: Duration::from_secs(30),
+        smtp_url: Some(smtp_url),
+        webhook_secret: Some(secret.clone()),
+        named_webhook_secrets: named.clone(),
+        allow_private_networks: None,
+        webhook_allow_hosts: None,
+        email_message_id_domain: None,
+        host_concurrency: 0,
+        webhook_rate_limits: None,
+    };
+    let keys = settings::SigningKeys::from_values(Some(&secret), &named).unwrap();
+    let urls = UrlCache::default();
+    let read = payload::read(&text).unwrap();
+    urls.parse(read.url().unwrap()).unwrap();
+    let request = payload::check(&read, None).unwrap();
+    let (webhook, _) = outboxd::claim::read_and_route(&text);
+    assert!(webhook.is_some(), "the claim reads a payload this small");
+    let claimed = outboxd::claim::Claimed {
+        id: 1,
+        key: "order-1".into(),
+        channel: outboxd::model::Channel::Webhook,
+        payload: text.clone(),
+        attempt: 1,
+        max_attempts: 3,
+        retry_ambiguous: true,
+        lease_token: uuid::Uuid::nil(),
+        previous_class: None,
+        reconcile: false,
+        destination: Some("hooks.example.com:8443".into()),
+        webhook,
+    };
+
+    let shown = [
+        ("Env", format!("{env:?}"), "OUTBOXD_WEBHOOK_SECRET_BILLING"),
+        (
+            "RunInput",
+            format!("{input:?}"),
+            "OUTBOXD_WEBHOOK_SECRET_BILLING",
+        ),
+        ("SigningKeys", format!("{keys:?}"), "BILLING"),
+        ("UrlCache", format!("{urls:?}"), "len: 1"),
+        ("Read", format!("{read:?}"), "body_len"),
+        (
+            "Request",
+            format!("{request:?}"),
+            "http://hooks.example.com:8443",
+        ),
+        ("Claimed", format!("{claimed:?}"), "order-1"),
+    ];
+    for (what, debug, expected) in &shown {
+        let mut found = leaks(debug);
+        found.extend(
+            [SMTP_PASSWORD, CONSOLE_TOKEN, "hookuser"]
+                .iter()
+                .filter(|m| debug.contains(*m))
+                .map(|m| format!("[{m}]")),
+        );
+        assert!(found.is_empty(), "{what}: {found:?} in {debug}");
+        assert!(
+            debug.contains(expected),
+            "{what}: {expected} not in {debug}"
+        );
+    }
+    // The request's headers show their names, the claimed row its payload's length.
+    assert!(shown[5].1.contains("x-api-key"), "{}", shown[5].1);
+    assert!(shown[6].1.contains(&format!("payload_len: {}", text.len())));
+}

@@ -30,7 +30,7 @@ const HEADER_ROOM: usize = 12;
 /// [`read`] gives and [`check`] turns into a [`Request`]. The claim reads each webhook's
 /// payload once, takes its routing from it (`claim::routing_of`) and hands it to the
 /// attempt, so the text is scanned once per attempt, not twice (issue 17, lever 4).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 pub struct Read {
     url: Option<serde_json::Value>,
     method: Option<serde_json::Value>,
@@ -39,6 +39,23 @@ pub struct Read {
     reconcile: Option<serde_json::Value>,
     store_response: Option<serde_json::Value>,
     secret: Option<serde_json::Value>,
+}
+
+impl std::fmt::Debug for Read {
+    /// Which members the payload has, and the body's length: never a value (URLs carry
+    /// tokens in their paths and queries, headers carry credentials).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let has = |v: &Option<serde_json::Value>| v.is_some();
+        f.debug_struct("Read")
+            .field("url", &has(&self.url))
+            .field("method", &has(&self.method))
+            .field("headers", &has(&self.headers))
+            .field("body_len", &self.body.as_ref().map(|b| b.get().len()))
+            .field("reconcile", &has(&self.reconcile))
+            .field("store_response", &has(&self.store_response))
+            .field("secret", &has(&self.secret))
+            .finish()
+    }
 }
 
 impl Read {
@@ -63,7 +80,6 @@ pub fn read(payload: &str) -> Result<Read, DeliveryError> {
 }
 
 /// A payload checked and ready to send.
-#[derive(Debug)]
 pub struct Request {
     /// Where to.
     pub url: url::Url,
@@ -79,6 +95,28 @@ pub struct Request {
     pub store_response: bool,
     /// `secret`: the name of the signing keys to use (upper-cased), None for the default.
     pub secret: Option<String>,
+}
+
+impl std::fmt::Debug for Request {
+    /// The URLs' origins, the headers' names and the body's length: never a path, a
+    /// query, a header's value or the body.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("url", &self.url.origin().ascii_serialization())
+            .field("method", &self.method)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("body_len", &self.body.len())
+            .field(
+                "reconcile",
+                &self
+                    .reconcile
+                    .as_ref()
+                    .map(|u| u.origin().ascii_serialization()),
+            )
+            .field("store_response", &self.store_response)
+            .field("secret", &self.secret)
+            .finish()
+    }
 }
 
 /// Parses a destination URL (`field` names it in errors): http or https, with a host.
@@ -261,17 +299,27 @@ const MAX_TRACEPARENT: usize = 256;
 /// The payload's trace context, if its `headers` hold exactly one well-formed `traceparent`
 /// (names compared without regard to case, as HTTP does). Anything else (no `traceparent`, two
 /// of them, a value too long, with control characters or of another shape) gives `None`: the
-/// attempt's span is then a root. This parses the payload a second time, so the worker asks
-/// only when traces are on.
+/// attempt's span is then a root. This parses the payload again, so the worker asks only when
+/// traces are on, and asks [`Read::trace_headers`] instead when the claim read the payload.
 pub fn trace_headers(payload: &str) -> Option<TraceHeaders> {
     #[derive(Deserialize)]
     struct Headers {
         headers: Option<serde_json::Value>,
     }
-    let Headers {
-        headers: Some(serde_json::Value::Object(map)),
-    } = serde_json::from_str(payload).ok()?
-    else {
+    let Headers { headers } = serde_json::from_str(payload).ok()?;
+    trace_headers_in(headers.as_ref())
+}
+
+impl Read {
+    /// [`trace_headers`] of the payload this was read from, without reading it again.
+    pub fn trace_headers(&self) -> Option<TraceHeaders> {
+        trace_headers_in(self.headers.as_ref())
+    }
+}
+
+/// The rule of [`trace_headers`], on the payload's `headers` member.
+fn trace_headers_in(headers: Option<&serde_json::Value>) -> Option<TraceHeaders> {
+    let Some(serde_json::Value::Object(map)) = headers else {
         return None;
     };
     // The only value under `name`, when there is exactly one.
@@ -463,10 +511,15 @@ mod tests {
     #[test]
     fn trace_headers_rules() {
         const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        // Both readings, from the text and from the claim's read payload, agree on every case.
         let with = |headers: &str| {
-            trace_headers(&format!(
+            let text = format!(
                 r#"{{"url": "https://x.example", "headers": {headers}, "body": {{"a": [1]}}}}"#
-            ))
+            );
+            let from_text = trace_headers(&text);
+            let from_read = read(&text).expect("reads").trace_headers();
+            assert_eq!(from_text, from_read, "{text}");
+            from_text
         };
         let got = with(&format!(
             r#"{{"traceparent": "{TP}", "tracestate": "k=v"}}"#

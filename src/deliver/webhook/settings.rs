@@ -95,12 +95,29 @@ pub const SECRET_VAR: &str = "OUTBOXD_WEBHOOK_SECRET";
 /// with `"secret": "name"`. Several keys in one set all sign (Standard Webhooks' rotation:
 /// the receiver accepts the request when any `v1,` signature verifies with a key it has),
 /// in the order given.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct SigningKeys {
     /// `OUTBOXD_WEBHOOK_SECRET`: used when the payload names no secret. Empty: unsigned.
     pub default: Vec<Vec<u8>>,
     /// `OUTBOXD_WEBHOOK_SECRET_<NAME>`, by upper-case name.
     pub named: std::collections::BTreeMap<String, Vec<Vec<u8>>>,
+}
+
+impl std::fmt::Debug for SigningKeys {
+    /// How many keys each set has, never a key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SigningKeys")
+            .field("default", &format_args!("{} keys", self.default.len()))
+            .field(
+                "named",
+                &self
+                    .named
+                    .iter()
+                    .map(|(name, keys)| (name, keys.len()))
+                    .collect::<std::collections::BTreeMap<_, _>>(),
+            )
+            .finish()
+    }
 }
 
 impl SigningKeys {

@@ -21,9 +21,19 @@ pub const MAX_ENTRIES: usize = 1024;
 pub const MAX_URL_LEN: usize = 2048;
 
 /// Parsed URLs by their string.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct UrlCache {
     parsed: Mutex<HashMap<Box<str>, url::Url>>,
+}
+
+impl std::fmt::Debug for UrlCache {
+    /// How many URLs are kept, never one of them: their paths and queries often carry
+    /// tokens.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UrlCache")
+            .field("len", &self.len())
+            .finish()
+    }
 }
 
 impl UrlCache {
