@@ -204,7 +204,6 @@ impl opentelemetry::propagation::Extractor for Carrier<'_> {
 /// which are not built (their messages quote the endpoint, and a transport error's text
 /// quotes the URL). One `WARN` line at most per [`WARN_EVERY`], with the failures counted
 /// since the last one, and only a status or the word `timeout`, never the SDK's text.
-#[derive(Debug)]
 struct Warned<E> {
     inner: E,
     /// When the last warning was written, and the failures not reported since.
@@ -214,6 +213,14 @@ struct Warned<E> {
 /// The least time between two warnings of failed exports: a collector that is down would
 /// otherwise write one per batch.
 const WARN_EVERY: Duration = Duration::from_secs(60);
+
+impl<E> std::fmt::Debug for Warned<E> {
+    /// Not the exporter: its `Debug` shows the collector's endpoint and the
+    /// `OTEL_EXPORTER_OTLP_HEADERS` values (API keys).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Warned").finish_non_exhaustive()
+    }
+}
 
 impl<E> Warned<E> {
     fn new(inner: E) -> Self {

@@ -307,7 +307,7 @@ pub struct EnqueueArgs {
     #[arg(long, env = "OUTBOXD_CHANNEL")]
     pub channel: String,
     /// The payload: JSON text, or `@FILE` to read it from a file.
-    #[arg(long, env = "OUTBOXD_PAYLOAD")]
+    #[arg(long, env = "OUTBOXD_PAYLOAD", hide_env_values = true)]
     pub payload: String,
     /// Not before this time (RFC 3339, e.g. 2026-12-24T18:00:00Z).
     #[arg(long, env = "OUTBOXD_RUN_AFTER", value_parser = parse_rfc3339)]

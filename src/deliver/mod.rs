@@ -110,7 +110,7 @@ pub fn one_line(s: &str) -> String {
 }
 
 /// A claimed message as a channel sees it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Outgoing<'a> {
     /// The message key: sent as the idempotency key.
     pub key: &'a str,
@@ -123,6 +123,18 @@ pub struct Outgoing<'a> {
     /// (`ambiguous` after a timeout or an expired lease): a webhook with a `reconcile` URL
     /// asks before it sends again.
     pub previous: Option<ErrorClass>,
+}
+
+impl std::fmt::Debug for Outgoing<'_> {
+    /// The payload's length, never its values (as [`crate::claim::Claimed`]'s).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outgoing")
+            .field("key", &self.key)
+            .field("payload_len", &self.payload.len())
+            .field("webhook", &self.webhook)
+            .field("previous", &self.previous)
+            .finish()
+    }
 }
 
 /// The channels a worker can deliver on.

@@ -612,6 +612,27 @@ fn debug_of_what_holds_secrets_shows_none() {
         webhook,
     };
 
+    let outgoing = outboxd::deliver::Outgoing {
+        key: "order-1",
+        payload: &text,
+        webhook: claimed.webhook.as_ref(),
+        previous: None,
+    };
+    let email_text = json!({
+        "from": "Shop <shop@example.com>",
+        "to": [format!("{USERINFO_MARK}@example.com")],
+        "bcc": [format!("{HEADER_MARK}@example.com")],
+        "subject": format!("{BODY_MARK}-subject"),
+        "text": format!("{BODY_MARK}-text"),
+    })
+    .to_string();
+    let email = outboxd::deliver::email::payload::parse_payload(
+        &email_text,
+        "order-1",
+        Some("example.com"),
+    )
+    .unwrap();
+
     let shown = [
         ("Env", format!("{env:?}"), "OUTBOXD_WEBHOOK_SECRET_BILLING"),
         (
@@ -628,6 +649,8 @@ fn debug_of_what_holds_secrets_shows_none() {
             "http://hooks.example.com:8443",
         ),
         ("Claimed", format!("{claimed:?}"), "order-1"),
+        ("Outgoing", format!("{outgoing:?}"), "payload_len"),
+        ("Email", format!("{email:?}"), "recipients: 2"),
     ];
     for (what, debug, expected) in &shown {
         let mut found = leaks(debug);
@@ -646,4 +669,19 @@ fn debug_of_what_holds_secrets_shows_none() {
     // The request's headers show their names, the claimed row its payload's length.
     assert!(shown[5].1.contains("x-api-key"), "{}", shown[5].1);
     assert!(shown[6].1.contains(&format!("payload_len: {}", text.len())));
+}
+
+/// `outboxd enqueue --help` shows the variables a flag reads; it must not show the
+/// payload a variable holds (clap prints a set variable's value unless told not to).
+#[test]
+fn help_does_not_print_the_payload_from_the_environment() {
+    let payload = format!(r#"{{"url": "https://h.example/{PATH_MARK}", "body": "{BODY_MARK}"}}"#);
+    let out = run_binary(
+        &["enqueue", "--help"],
+        &[("OUTBOXD_PAYLOAD", payload)],
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stdout.contains("OUTBOXD_PAYLOAD"), "{}", out.stdout);
+    assert!(leaks(&out.stdout).is_empty(), "{}", out.stdout);
 }

@@ -50,7 +50,6 @@ pub(super) struct Payload {
 }
 
 /// A payload checked and built into a message.
-#[derive(Debug)]
 pub struct Email {
     /// The MIME message, with our `Message-ID`.
     pub message: Message,
@@ -58,6 +57,16 @@ pub struct Email {
     pub envelope: Envelope,
     /// The `Message-ID`, angle brackets included.
     pub message_id: String,
+}
+
+impl std::fmt::Debug for Email {
+    /// The `Message-ID` and how many recipients: never an address, a subject or a body.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Email")
+            .field("message_id", &self.message_id)
+            .field("recipients", &self.envelope.to().len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The `Message-ID` of a message key: `<H@domain>`, H the first 32 hex digits of the

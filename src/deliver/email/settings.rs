@@ -36,7 +36,8 @@ impl SmtpTls {
 /// `OUTBOXD_SMTP_URL`, parsed: `smtp://[user:pass@]host[:port][?tls=none|starttls]` or
 /// `smtps://[user:pass@]host[:port]`.
 ///
-/// `Debug` and `Display` never show the password.
+/// `Debug` and `Display` never show the password, nor the user: some relays take an API
+/// token as the user name (Postmark's server token, SES's access key id).
 #[derive(Clone, PartialEq, Eq)]
 pub struct SmtpUrl {
     /// The relay's host name or IP address (IPv6 without brackets).
@@ -57,14 +58,14 @@ impl std::fmt::Debug for SmtpUrl {
             .field("host", &self.host)
             .field("port", &self.port)
             .field("tls", &self.tls)
-            .field("user", &self.user)
+            .field("user", &crate::support::Redacted(&self.user))
             .field("password", &self.password.as_ref().map(|_| "[redacted]"))
             .finish()
     }
 }
 
 impl std::fmt::Display for SmtpUrl {
-    /// `smtp://user@host:port?tls=…`: the user but never the password.
+    /// `smtp://host:port?tls=…`: neither the user nor the password.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let scheme = if self.tls == SmtpTls::Implicit {
             "smtps"
@@ -72,9 +73,6 @@ impl std::fmt::Display for SmtpUrl {
             "smtp"
         };
         write!(f, "{scheme}://")?;
-        if let Some(user) = &self.user {
-            write!(f, "{user}@")?;
-        }
         if self.host.contains(':') {
             write!(f, "[{}]:{}", self.host, self.port)?;
         } else {
@@ -329,10 +327,17 @@ mod tests {
             assert!(e.contains(needle), "{bad}: {e}");
             assert!(!e.contains("hunter2"), "{bad}: the password leaked: {e}");
         }
-        let u = SmtpUrl::parse("smtp://u:hunter2@x.example").expect("valid");
-        assert!(!format!("{u:?}").contains("hunter2"));
-        assert!(!u.to_string().contains("hunter2"));
-        assert!(!format!("{:?}", EmailConfig::new(u)).contains("hunter2"));
+        // Neither the password nor the user (an API token at some relays) is shown.
+        let u = SmtpUrl::parse("smtp://pm-token-42:hunter2@x.example").expect("valid");
+        assert_eq!(u.to_string(), "smtp://x.example:587");
+        for shown in [
+            format!("{u:?}"),
+            u.to_string(),
+            format!("{:?}", EmailConfig::new(u.clone())),
+        ] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(!shown.contains("pm-token-42"), "{shown}");
+        }
     }
 
     #[test]
