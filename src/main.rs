@@ -111,6 +111,7 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
     };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let logs = tracing_subscriber::fmt::layer()
+        .with_timer(SecondCachedTime)
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let logs = match std::env::var("OUTBOXD_LOG_FORMAT").as_deref() {
@@ -129,6 +130,7 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
             .parse()
             .map_err(|e| anyhow::anyhow!("the span filter: {e}"))?;
         let global = tracing_subscriber::fmt()
+            .with_timer(SecondCachedTime)
             .with_env_filter(filter.add_directive(off))
             .with_ansi(ansi)
             .with_writer(std::io::stderr);
@@ -270,5 +272,138 @@ struct EscapingWriter<'a, 'w>(&'a mut tracing_subscriber::fmt::format::Writer<'w
 impl std::fmt::Write for EscapingWriter<'_, '_> {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
         write!(self.0, "{}", outboxd::text::Escaped(s))
+    }
+}
+
+/// The log's timestamps exactly as tracing-subscriber's `SystemTime` writes them
+/// (`2026-12-06T13:45:12.123456Z`, UTC, microseconds), with the part up to the second
+/// formatted once a second per thread: the calendar arithmetic and the six padded numbers
+/// were 3 % of the daemon's instructions in a drain, one per attempt's log line (issue 17,
+/// `bench/RESULTS.md`). A time before 1970 or after 9999, which the cache does not cover,
+/// is written by tracing-subscriber's own.
+struct SecondCachedTime;
+
+thread_local! {
+    /// The second last written (Unix seconds) and its text up to and including the `.`.
+    static SECOND: std::cell::RefCell<(u64, String)> = const {
+        std::cell::RefCell::new((u64::MAX, String::new()))
+    };
+}
+
+impl tracing_subscriber::fmt::time::FormatTime for SecondCachedTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write_time(std::time::SystemTime::now(), w)
+    }
+}
+
+/// [`SecondCachedTime`]'s text for `now`.
+fn write_time(now: std::time::SystemTime, w: &mut impl std::fmt::Write) -> std::fmt::Result {
+    let Ok(since) = now.duration_since(std::time::UNIX_EPOCH) else {
+        return write_time_uncached(now, w);
+    };
+    let secs = since.as_secs();
+    SECOND.with(|cached| {
+        let mut cached = cached.borrow_mut();
+        if cached.0 != secs {
+            let Some(prefix) = second_prefix(secs) else {
+                return write_time_uncached(now, w);
+            };
+            *cached = (secs, prefix);
+        }
+        w.write_str(&cached.1)?;
+        // Six digits, zero-padded, then `Z`: what `{:06}Z` gives, without a formatter.
+        let mut micros = since.subsec_micros();
+        let mut digits = *b"000000Z";
+        for d in digits[..6].iter_mut().rev() {
+            *d = b'0' + (micros % 10) as u8;
+            micros /= 10;
+        }
+        w.write_str(std::str::from_utf8(&digits).map_err(|_| std::fmt::Error)?)
+    })
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.` of a Unix second, for years 1970 to 9999.
+fn second_prefix(secs: u64) -> Option<String> {
+    let t = time::OffsetDateTime::from_unix_timestamp(i64::try_from(secs).ok()?).ok()?;
+    if t.year() > 9999 {
+        return None;
+    }
+    Some(format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    ))
+}
+
+/// tracing-subscriber's own text for `now` (its `SystemTime` timer reads the clock itself,
+/// so only the cases it alone covers come here, where a microsecond's drift is harmless).
+fn write_time_uncached(
+    _now: std::time::SystemTime,
+    w: &mut impl std::fmt::Write,
+) -> std::fmt::Result {
+    use tracing_subscriber::fmt::time::FormatTime as _;
+    let mut s = String::new();
+    tracing_subscriber::fmt::time::SystemTime
+        .format_time(&mut tracing_subscriber::fmt::format::Writer::new(&mut s))?;
+    w.write_str(&s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    use tracing_subscriber::fmt::format::Writer;
+    use tracing_subscriber::fmt::time::FormatTime as _;
+
+    fn ours(t: SystemTime) -> String {
+        let mut s = String::new();
+        write_time(t, &mut s).expect("writes");
+        s
+    }
+
+    #[test]
+    fn timestamps_are_tracing_subscribers_own() {
+        // The same second from both timers, read a moment apart: equal up to the
+        // microseconds, which differ by the moment. Retried if a second turned between.
+        for _ in 0..100 {
+            let mut theirs = String::new();
+            let before = SystemTime::now();
+            tracing_subscriber::fmt::time::SystemTime
+                .format_time(&mut Writer::new(&mut theirs))
+                .expect("writes");
+            let mine = ours(before);
+            if theirs[..20] != mine[..20] {
+                continue;
+            }
+            assert_eq!(mine.len(), theirs.len(), "{mine} {theirs}");
+            assert!(mine.ends_with('Z') && mine[20..26].bytes().all(|b| b.is_ascii_digit()));
+            return;
+        }
+        panic!("the two timers never agreed on a second");
+    }
+
+    #[test]
+    fn timestamps_of_known_moments() {
+        let at =
+            |secs: u64, micros: u64| UNIX_EPOCH + Duration::from_micros(secs * 1_000_000 + micros);
+        for (t, want) in [
+            (at(0, 0), "1970-01-01T00:00:00.000000Z"),
+            (at(951_782_399, 999_999), "2000-02-28T23:59:59.999999Z"),
+            (at(951_782_400, 7), "2000-02-29T00:00:00.000007Z"),
+            (at(1_796_563_512, 123_456), "2026-12-06T13:25:12.123456Z"),
+            (at(253_402_300_799, 500_000), "9999-12-31T23:59:59.500000Z"),
+        ] {
+            assert_eq!(ours(t), want);
+            // Twice: the second time from the cache.
+            assert_eq!(ours(t), want);
+        }
+        // Past 9999 (and before 1970) the text is tracing-subscriber's, read from the
+        // clock: still one timestamp of its shape.
+        let late = ours(at(253_402_300_800, 0));
+        assert!(late.ends_with('Z') && late.contains('T'), "{late}");
     }
 }
