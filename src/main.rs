@@ -271,6 +271,10 @@ struct EscapingWriter<'a, 'w>(&'a mut tracing_subscriber::fmt::format::Writer<'w
 
 impl std::fmt::Write for EscapingWriter<'_, '_> {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        // What `Escaped` itself does with such a piece, without a formatter per piece.
+        if !outboxd::text::has_unsafe(s) {
+            return self.0.write_str(s);
+        }
         write!(self.0, "{}", outboxd::text::Escaped(s))
     }
 }

@@ -34,7 +34,7 @@ pub fn is_unsafe(c: char) -> bool {
 /// Does `s` hold an [unsafe](is_unsafe) character? Printable ASCII (what keys, hosts and
 /// the daemon's own messages are made of) is checked a byte at a time; only text with
 /// other bytes is decoded. Every field of every log line passes here.
-fn has_unsafe(s: &str) -> bool {
+pub fn has_unsafe(s: &str) -> bool {
     !s.bytes().all(|b| (0x20..0x7f).contains(&b)) && s.chars().any(is_unsafe)
 }
 
