@@ -27,22 +27,9 @@ use super::*;
 
 const USER_HZ: f64 = 100.0;
 
-/// The fields of /proc/PID/stat after the command name (field 3 is index 0).
-fn stat_fields(pid: u32) -> Option<Vec<u64>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    // State (a letter) becomes 0; the rest are numbers.
-    Some(
-        rest.split_whitespace()
-            .map(|f| f.parse().unwrap_or(0))
-            .collect(),
-    )
-}
-
-/// (user, system) seconds of one process.
-fn proc_cpu(pid: u32) -> Option<(f64, f64)> {
-    let f = stat_fields(pid)?;
-    Some((*f.get(11)? as f64 / USER_HZ, *f.get(12)? as f64 / USER_HZ))
+/// User + system seconds of one process.
+fn proc_cpu(pid: u32) -> Option<f64> {
+    proc_stat(pid).map(|(_, own, _)| own as f64 / USER_HZ)
 }
 
 /// CPU seconds of the whole PostgreSQL cluster whose postmaster is `pm`.
@@ -53,14 +40,7 @@ fn proc_cpu(pid: u32) -> Option<(f64, f64)> {
 /// before and after it.
 fn pg_cpu(pm: u32) -> f64 {
     // (the postmaster's own user + system, its reaped children's user + system)
-    let own_and_reaped = |pm: u32| {
-        stat_fields(pm)
-            .map(|f| {
-                let sum = |r: std::ops::Range<usize>| f.get(r).map_or(0, |s| s.iter().sum());
-                (sum(11..13), sum(13..15))
-            })
-            .unwrap_or((0, 0))
-    };
+    let own_and_reaped = |pm: u32| proc_stat(pm).map_or((0, 0), |(_, own, reaped)| (own, reaped));
     let mut ticks = 0u64;
     for _ in 0..20 {
         let (own, reaped) = own_and_reaped(pm);
@@ -165,8 +145,8 @@ async fn postmaster(client: &Client) -> anyhow::Result<u32> {
         .query_one("SELECT pg_backend_pid()", &[])
         .await?
         .get(0);
-    let f = stat_fields(pid as u32).context("cannot read our backend's /proc entry")?;
-    Ok(*f.get(1).context("no ppid")? as u32)
+    let (ppid, _, _) = proc_stat(pid as u32).context("cannot read our backend's /proc entry")?;
+    Ok(ppid)
 }
 
 enum Side {
@@ -254,7 +234,7 @@ async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<F
                 .kill_on_drop(true)
                 .spawn()?;
             let pid = child.id().unwrap_or(0);
-            let mut cpu = (0.0, 0.0);
+            let mut cpu = 0.0;
             loop {
                 if let Some(c) = proc_cpu(pid) {
                     cpu = c;
@@ -284,7 +264,7 @@ async fn run_side(o: &Opts, side: &Side, tag: &str, pm: u32) -> anyhow::Result<F
             if delivered as usize != o.n {
                 bail!("{tag}: {delivered} of {} delivered", o.n);
             }
-            (took, cpu.0 + cpu.1, pg, split)
+            (took, cpu, pg, split)
         }
         Side::Graphile { bin } => {
             let name = format!("bench_{tag}");
