@@ -15,8 +15,10 @@ use tokio_postgres::types::{ToSql, Type};
 use crate::model::Channel;
 use crate::queries;
 
-/// A message to enqueue.
-#[derive(Debug, Clone, PartialEq)]
+/// A message to enqueue. Its `Debug` shows the payload's length, not the payload: an
+/// application that logs a failed enqueue with `{:?}` would otherwise write the URL's
+/// tokens, the headers' values and the body into its own logs.
+#[derive(Clone, PartialEq)]
 pub struct NewMessage {
     key: String,
     channel: Channel,
@@ -26,6 +28,21 @@ pub struct NewMessage {
     retry_ambiguous: bool,
     held: bool,
     ordering_key: Option<String>,
+}
+
+impl std::fmt::Debug for NewMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewMessage")
+            .field("key", &self.key)
+            .field("channel", &self.channel)
+            .field("payload_len", &self.payload.to_string().len())
+            .field("run_after", &self.run_after)
+            .field("max_attempts", &self.max_attempts)
+            .field("retry_ambiguous", &self.retry_ambiguous)
+            .field("held", &self.held)
+            .field("ordering_key", &self.ordering_key)
+            .finish()
+    }
 }
 
 impl NewMessage {

@@ -296,34 +296,41 @@ thread_local! {
 
 impl tracing_subscriber::fmt::time::FormatTime for SecondCachedTime {
     fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
-        write_time(std::time::SystemTime::now(), w)
+        match write_cached(std::time::SystemTime::now(), w) {
+            Some(written) => written,
+            // Outside the cache's years, or its thread-local gone (an event from another
+            // thread-local's destructor) or busy: tracing-subscriber's own timer.
+            None => tracing_subscriber::fmt::time::SystemTime.format_time(w),
+        }
     }
 }
 
-/// [`SecondCachedTime`]'s text for `now`.
-fn write_time(now: std::time::SystemTime, w: &mut impl std::fmt::Write) -> std::fmt::Result {
-    let Ok(since) = now.duration_since(std::time::UNIX_EPOCH) else {
-        return write_time_uncached(now, w);
-    };
+/// [`SecondCachedTime`]'s text for `now`, or `None` (nothing written) when the cache cannot
+/// give it: a time before 1970 or after 9999, or the thread-local not available.
+fn write_cached(
+    now: std::time::SystemTime,
+    w: &mut impl std::fmt::Write,
+) -> Option<std::fmt::Result> {
+    let since = now.duration_since(std::time::UNIX_EPOCH).ok()?;
     let secs = since.as_secs();
-    SECOND.with(|cached| {
-        let mut cached = cached.borrow_mut();
-        if cached.0 != secs {
-            let Some(prefix) = second_prefix(secs) else {
-                return write_time_uncached(now, w);
-            };
-            *cached = (secs, prefix);
-        }
-        w.write_str(&cached.1)?;
-        // Six digits, zero-padded, then `Z`: what `{:06}Z` gives, without a formatter.
-        let mut micros = since.subsec_micros();
-        let mut digits = *b"000000Z";
-        for d in digits[..6].iter_mut().rev() {
-            *d = b'0' + (micros % 10) as u8;
-            micros /= 10;
-        }
-        w.write_str(std::str::from_utf8(&digits).map_err(|_| std::fmt::Error)?)
-    })
+    SECOND
+        .try_with(|cached| {
+            let mut cached = cached.try_borrow_mut().ok()?;
+            if cached.0 != secs {
+                *cached = (secs, second_prefix(secs)?);
+            }
+            // Six digits, zero-padded, then `Z`: what `{:06}Z` gives, without a formatter.
+            let mut micros = since.subsec_micros();
+            let mut digits = *b"000000Z";
+            for d in digits[..6].iter_mut().rev() {
+                *d = b'0' + (micros % 10) as u8;
+                micros /= 10;
+            }
+            let digits = std::str::from_utf8(&digits).ok()?;
+            Some(w.write_str(&cached.1).and_then(|()| w.write_str(digits)))
+        })
+        .ok()
+        .flatten()
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.` of a Unix second, for years 1970 to 9999.
@@ -343,19 +350,6 @@ fn second_prefix(secs: u64) -> Option<String> {
     ))
 }
 
-/// tracing-subscriber's own text for `now` (its `SystemTime` timer reads the clock itself,
-/// so only the cases it alone covers come here, where a microsecond's drift is harmless).
-fn write_time_uncached(
-    _now: std::time::SystemTime,
-    w: &mut impl std::fmt::Write,
-) -> std::fmt::Result {
-    use tracing_subscriber::fmt::time::FormatTime as _;
-    let mut s = String::new();
-    tracing_subscriber::fmt::time::SystemTime
-        .format_time(&mut tracing_subscriber::fmt::format::Writer::new(&mut s))?;
-    w.write_str(&s)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,7 +359,7 @@ mod tests {
 
     fn ours(t: SystemTime) -> String {
         let mut s = String::new();
-        write_time(t, &mut s).expect("writes");
+        write_cached(t, &mut s).expect("cached").expect("writes");
         s
     }
 
@@ -405,9 +399,11 @@ mod tests {
             // Twice: the second time from the cache.
             assert_eq!(ours(t), want);
         }
-        // Past 9999 (and before 1970) the text is tracing-subscriber's, read from the
-        // clock: still one timestamp of its shape.
-        let late = ours(at(253_402_300_800, 0));
-        assert!(late.ends_with('Z') && late.contains('T'), "{late}");
+        // Past 9999 and before 1970 the cache writes nothing and tracing-subscriber's own
+        // timer writes the time instead.
+        let mut s = String::new();
+        assert!(write_cached(at(253_402_300_800, 0), &mut s).is_none());
+        assert!(write_cached(UNIX_EPOCH - Duration::from_secs(1), &mut s).is_none());
+        assert_eq!(s, "");
     }
 }

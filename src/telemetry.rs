@@ -440,6 +440,20 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
+    #[test]
+    fn the_exporter_wrapper_does_not_show_the_exporter() {
+        // An exporter's Debug shows its endpoint and the OTEL_EXPORTER_OTLP_HEADERS values.
+        struct Exporter(&'static str);
+        impl std::fmt::Debug for Exporter {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        let shown = format!("{:?}", Warned::new(Exporter("api-key=SECRET")));
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert!(shown.starts_with("Warned"), "{shown}");
+    }
+
     fn check(vars: &[(&str, &str)]) -> Result<bool, TelemetryError> {
         let map: HashMap<String, String> = vars
             .iter()

@@ -297,8 +297,8 @@ pub struct RunArgs {
     pub breaker_cooldown: Duration,
 }
 
-/// `outboxd enqueue`.
-#[derive(Debug, Args)]
+/// `outboxd enqueue`. Its `Debug` shows the payload's length, not the payload.
+#[derive(Args)]
 pub struct EnqueueArgs {
     /// The message key, made from durable ids (`run:step:action`).
     #[arg(long, env = "OUTBOXD_KEY")]
@@ -325,6 +325,21 @@ pub struct EnqueueArgs {
     /// order (1..255 characters, no control characters).
     #[arg(long, env = "OUTBOXD_ORDERING_KEY")]
     pub ordering_key: Option<String>,
+}
+
+impl std::fmt::Debug for EnqueueArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnqueueArgs")
+            .field("key", &self.key)
+            .field("channel", &self.channel)
+            .field("payload_len", &self.payload.len())
+            .field("run_after", &self.run_after)
+            .field("max_attempts", &self.max_attempts)
+            .field("no_retry_ambiguous", &self.no_retry_ambiguous)
+            .field("held", &self.held)
+            .field("ordering_key", &self.ordering_key)
+            .finish()
+    }
 }
 
 /// `outboxd status`.

@@ -633,6 +633,14 @@ fn debug_of_what_holds_secrets_shows_none() {
     )
     .unwrap();
 
+    let smtp = outboxd::deliver::email::settings::SmtpUrl::parse(&format!(
+        "smtp://{CONSOLE_TOKEN}:{SMTP_PASSWORD}@smtp.example:587"
+    ))
+    .unwrap();
+    let database =
+        outboxd::db::parse_url(&format!("postgres://app:{DB_PASSWORD}@db.example/app")).unwrap();
+    let new_message = outboxd::NewMessage::webhook("order-1", serde_json::from_str(&text).unwrap());
+
     let shown = [
         ("Env", format!("{env:?}"), "OUTBOXD_WEBHOOK_SECRET_BILLING"),
         (
@@ -651,6 +659,15 @@ fn debug_of_what_holds_secrets_shows_none() {
         ("Claimed", format!("{claimed:?}"), "order-1"),
         ("Outgoing", format!("{outgoing:?}"), "payload_len"),
         ("Email", format!("{email:?}"), "recipients: 2"),
+        // The user is a token at some relays (here the console's canary stands for one).
+        ("SmtpUrl", format!("{smtp:?}"), "smtp.example"),
+        (
+            "SmtpUrl as logged",
+            smtp.to_string(),
+            "smtp://smtp.example:587",
+        ),
+        ("Database", format!("{database:?}"), "db.example"),
+        ("NewMessage", format!("{new_message:?}"), "payload_len"),
     ];
     for (what, debug, expected) in &shown {
         let mut found = leaks(debug);

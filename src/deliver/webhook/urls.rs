@@ -28,11 +28,14 @@ pub struct UrlCache {
 
 impl std::fmt::Debug for UrlCache {
     /// How many URLs are kept, never one of them: their paths and queries often carry
-    /// tokens.
+    /// tokens. Without waiting for the lock (a `{:?}` where it is held must not hang).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UrlCache")
-            .field("len", &self.len())
-            .finish()
+        let mut d = f.debug_struct("UrlCache");
+        match self.parsed.try_lock() {
+            Ok(map) => d.field("len", &map.len()),
+            Err(_) => d.field("len", &"locked"),
+        };
+        d.finish()
     }
 }
 
