@@ -578,7 +578,9 @@ pub fn destination_of(payload: &str) -> Option<String> {
     routing(payload).destination
 }
 
-/// [`destination_of`] for a URL.
+/// [`destination_of`] for a URL. One allocation, the answer's: every check below is blind
+/// to ASCII case, so the text is lower-cased only as it is copied out (this runs for every
+/// claimed webhook; four allocations were 3 % of the daemon's instructions, issue 17).
 pub fn destination_of_url(url: &str) -> Option<String> {
     let (scheme, rest) = url.split_once("://")?;
     let mut sb = scheme.bytes();
@@ -589,10 +591,7 @@ pub fn destination_of_url(url: &str) -> Option<String> {
     }
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let auth = &rest[..end];
-    let auth = auth
-        .rsplit_once('@')
-        .map_or(auth, |(_, a)| a)
-        .to_ascii_lowercase();
+    let auth = auth.rsplit_once('@').map_or(auth, |(_, a)| a);
     let (host, port) = if auth.starts_with('[') {
         let close = auth.find(']')?;
         let (host, after) = auth.split_at(close + 1);
@@ -604,7 +603,7 @@ pub fn destination_of_url(url: &str) -> Option<String> {
         {
             return None;
         }
-        (host.to_owned(), after)
+        (host, after)
     } else {
         let colon = auth.find(':').unwrap_or(auth.len());
         let (host, after) = auth.split_at(colon);
@@ -615,7 +614,7 @@ pub fn destination_of_url(url: &str) -> Option<String> {
         {
             return None;
         }
-        (host.trim_end_matches('.').to_owned(), after)
+        (host.trim_end_matches('.'), after)
     };
     let port = match port.strip_prefix(':') {
         None if port.is_empty() => None,
@@ -628,13 +627,18 @@ pub fn destination_of_url(url: &str) -> Option<String> {
     if host.is_empty() {
         return None;
     }
-    let scheme = scheme.to_ascii_lowercase();
-    match port {
-        None => Some(host),
-        Some(80) if scheme == "http" => Some(host),
-        Some(443) if scheme == "https" => Some(host),
-        Some(p) => Some(format!("{host}:{p}")),
+    let port = match port {
+        Some(80) if scheme.eq_ignore_ascii_case("http") => None,
+        Some(443) if scheme.eq_ignore_ascii_case("https") => None,
+        p => p,
+    };
+    let mut name = String::with_capacity(host.len() + 6);
+    name.extend(host.chars().map(|c| c.to_ascii_lowercase()));
+    if let Some(p) = port {
+        use std::fmt::Write as _;
+        let _ = write!(name, ":{p}");
     }
+    Some(name)
 }
 
 #[cfg(test)]
