@@ -157,11 +157,22 @@ impl HttpClient {
 /// and the credentials of the URL, if any, as a Basic `authorization` value (percent-
 /// decoded, as curl and reqwest send them).
 fn target(url: &url::Url) -> Result<(Uri, Option<HeaderValue>), SendError> {
-    let rest = &url[url::Position::BeforeHost..url::Position::AfterQuery];
-    let uri = format!("{}://{rest}", url.scheme())
-        .parse::<Uri>()
+    let credentials = !url.username().is_empty() || url.password().is_some();
+    let text: std::borrow::Cow<'_, str> = if credentials {
+        format!(
+            "{}://{}",
+            url.scheme(),
+            &url[url::Position::BeforeHost..url::Position::AfterQuery]
+        )
+        .into()
+    } else {
+        // Without credentials the URL's own text up to its query is that text already:
+        // no copy to make (every webhook request comes here).
+        url[..url::Position::AfterQuery].into()
+    };
+    let uri = Uri::try_from(text.as_ref())
         .map_err(|e| SendError::Build(format!("the URL is not a valid request target ({e})")))?;
-    if url.username().is_empty() && url.password().is_none() {
+    if !credentials {
         return Ok((uri, None));
     }
     let decode = |s: &str| {
@@ -240,6 +251,30 @@ mod tests {
         assert!(auth.is_none());
         let (_, auth) = target(&url::Url::parse("http://u@h.example/").expect("valid")).expect("u");
         assert!(auth.is_some(), "a user without a password is still sent");
+
+        // Without credentials the URL's own text is used: the same target the copy gave.
+        for text in [
+            "http://@h.example/p",
+            "http://:@h.example/p?q",
+            "HTTPS://H.Example:443/a/../b?c=%20#f",
+            "http://[::FFFF:1.2.3.4]:80/",
+            "http://bücher.example/p?€=€",
+            "https://h.example",
+        ] {
+            let url = url::Url::parse(text).expect("valid");
+            let (uri, auth) = target(&url).expect("target");
+            assert!(auth.is_none(), "{text}");
+            let copied = format!(
+                "{}://{}",
+                url.scheme(),
+                &url[url::Position::BeforeHost..url::Position::AfterQuery]
+            );
+            assert_eq!(
+                uri.to_string(),
+                copied.parse::<Uri>().expect("uri").to_string(),
+                "{text}"
+            );
+        }
     }
 
     /// Hostile URLs the payload rules accept: every one gives a target or a one-line
