@@ -21,7 +21,7 @@ pub mod urls;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use self::classify::{classify_error, parse_retry_after};
 use self::client::{HttpClient, Response};
@@ -33,6 +33,13 @@ use super::guard::{Guard, GuardedResolver};
 use super::{Attempted, Delivered, DeliveryError, Outgoing};
 use crate::model::{ConfigError, ErrorClass};
 use crate::retry::classify_http_status;
+
+// The identity headers' names, made once: a name given as text is parsed and checked on
+// every insert (four per request).
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
+const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
 
 /// Sends webhooks through one shared HTTP client (keep-alive connection pools per host).
 #[derive(Debug, Clone)]
@@ -192,9 +199,9 @@ impl WebhookSender {
 
     /// `headers` (the application's) with the message's identity, signed over `body`.
     fn identity_headers(&self, mut headers: HeaderMap, p: &Prepared<'_>, body: &[u8]) -> HeaderMap {
-        headers.insert("idempotency-key", p.key.clone());
-        headers.insert("webhook-id", p.key.clone());
-        headers.insert("webhook-timestamp", HeaderValue::from(p.timestamp));
+        headers.insert(IDEMPOTENCY_KEY, p.key.clone());
+        headers.insert(WEBHOOK_ID, p.key.clone());
+        headers.insert(WEBHOOK_TIMESTAMP, HeaderValue::from(p.timestamp));
         // prepare() refused a payload naming a secret that is not configured.
         let keys = self
             .signing
@@ -202,7 +209,7 @@ impl WebhookSender {
             .unwrap_or(&[]);
         if let Some(sigs) = signatures(keys, p.msg_key, p.timestamp, body) {
             if let Ok(v) = HeaderValue::from_str(&sigs) {
-                headers.insert("webhook-signature", v);
+                headers.insert(WEBHOOK_SIGNATURE, v);
             }
         }
         headers
