@@ -59,7 +59,7 @@ impl std::fmt::Debug for SmtpUrl {
             .field("port", &self.port)
             .field("tls", &self.tls)
             .field("user", &crate::support::Redacted(&self.user))
-            .field("password", &self.password.as_ref().map(|_| "[redacted]"))
+            .field("password", &crate::support::Redacted(&self.password))
             .finish()
     }
 }

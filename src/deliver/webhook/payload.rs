@@ -71,6 +71,11 @@ impl Read {
             .and_then(|r| r.get("url"))
             .is_some_and(serde_json::Value::is_string)
     }
+
+    /// [`trace_headers`] of the payload this was read from, without reading it again.
+    pub fn trace_headers(&self) -> Option<TraceHeaders> {
+        trace_headers_in(self.headers.as_ref())
+    }
 }
 
 /// Reads a webhook payload (jsonb text): a JSON object, its members unchecked.
@@ -308,13 +313,6 @@ pub fn trace_headers(payload: &str) -> Option<TraceHeaders> {
     }
     let Headers { headers } = serde_json::from_str(payload).ok()?;
     trace_headers_in(headers.as_ref())
-}
-
-impl Read {
-    /// [`trace_headers`] of the payload this was read from, without reading it again.
-    pub fn trace_headers(&self) -> Option<TraceHeaders> {
-        trace_headers_in(self.headers.as_ref())
-    }
 }
 
 /// The rule of [`trace_headers`], on the payload's `headers` member.
