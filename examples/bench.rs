@@ -1477,15 +1477,19 @@ fn scaleout_shapes() -> anyhow::Result<Vec<Shape>> {
         .collect()
 }
 
-/// Clock ticks per second of /proc's CPU fields (USER_HZ; 100 on every Linux we run on).
+/// Clock ticks per second of /proc's CPU fields (USER_HZ; 100 on every Linux we run on),
+/// asked of `getconf` once: the A/B's pollers divide by it every few milliseconds.
 fn clk_tck() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
+    static TCK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TCK.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
 }
 
 /// From /proc/PID/stat: (ppid, utime + stime, cutime + cstime) in clock ticks. The

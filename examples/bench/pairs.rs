@@ -25,11 +25,9 @@
 
 use super::*;
 
-const USER_HZ: f64 = 100.0;
-
 /// User + system seconds of one process.
 fn proc_cpu(pid: u32) -> Option<f64> {
-    proc_stat(pid).map(|(_, own, _)| own as f64 / USER_HZ)
+    proc_stat(pid).map(|(_, own, _)| own as f64 / clk_tck())
 }
 
 /// CPU seconds of the whole PostgreSQL cluster whose postmaster is `pm`.
@@ -49,7 +47,7 @@ fn pg_cpu(pm: u32) -> f64 {
             break;
         }
     }
-    ticks as f64 / USER_HZ
+    ticks as f64 / clk_tck()
 }
 
 /// What a PostgreSQL process is, from its title (`postgres: walwriter`, or `postgres: USER
@@ -107,7 +105,7 @@ impl PgSampler {
             }
             let mut by_kind = HashMap::new();
             for (kind, from, to) in seen.into_values() {
-                *by_kind.entry(kind).or_insert(0.0) += to.saturating_sub(from) as f64 / USER_HZ;
+                *by_kind.entry(kind).or_insert(0.0) += to.saturating_sub(from) as f64 / clk_tck();
             }
             by_kind
         });
