@@ -86,7 +86,7 @@ pub(super) fn spawn_attempt(
     let shared = shared.clone();
     let tx = done_tx.clone();
     let slots = slots.clone();
-    tasks.spawn(async move {
+    let task = async move {
         // Wait for a delivery slot; at shutdown, give the row back instead.
         let permit = tokio::select! {
             p = slots.acquire_owned() => p.ok(),
@@ -111,7 +111,11 @@ pub(super) fn spawn_attempt(
         drop(permit);
         drop(in_lane);
         shared.wake.notify_one();
-    });
+    };
+    // Boxed: the future is about 2.5 kB, and tokio moves a task's future by value into its
+    // cell and its stage (set again when the task ends and when its output is taken), each
+    // a copy of the whole future; boxed, those are copies of a pointer.
+    tasks.spawn(Box::pin(task));
 }
 
 /// Waits until the channel can send, then starts the attempt only if its whole timeout
