@@ -2,10 +2,12 @@
 //! outboxd's headers, CONCURRENCY at a time (and at most RATE a second when given: the
 //! clients' CPU per request falls as the rate rises and more requests share each wake-up, so
 //! compare them at the rate a drain runs at), through reqwest configured as outboxd's webhook
-//! sender configures it (`MODE=reqwest`) or through hyper-util's client directly
-//! (`MODE=hyper`). Prints the rate and this process's CPU (user + system) per request:
-//! what lever 4's last option ("hyper's client directly") could take off the daemon.
-//! Plain HTTP to the nginx sink; connections kept alive by both clients.
+//! sender configures it (`MODE=reqwest`), through hyper-util's client directly
+//! (`MODE=hyper`), or through hyper's HTTP/1 connections with no pool at all (`MODE=conn`:
+//! each of the CONCURRENCY tasks opens one connection and sends all its requests on it, the
+//! floor under any pool). Prints the rate and this process's CPU (user + system) per
+//! request: what lever 4's options ("hyper's client directly", then a pool of our own)
+//! could take off the daemon. Plain HTTP to the nginx sink; connections kept alive.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,7 +27,11 @@ fn cpu_seconds() -> f64 {
     // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    let ticks = |i: usize| {
+        f.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
     (ticks(11) + ticks(12)) / 100.0
 }
 
@@ -43,6 +49,55 @@ fn headers(i: usize) -> [(&'static str, String); 5] {
 enum Sender {
     Reqwest(reqwest::Client),
     Hyper(HyperClient<HttpConnector, Full<Bytes>>),
+    /// The sink's `host:port`; each task keeps its own connection.
+    Conn(String),
+}
+
+/// One request on a connection of the task's own (opened on first use, opened again if
+/// the server closed it).
+async fn send_on_own_connection(
+    conn: &mut Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>,
+    authority: &str,
+    url: &str,
+    body: Bytes,
+    i: usize,
+) -> Result<u16, String> {
+    if conn.as_ref().is_none_or(|c| c.is_closed()) {
+        let tcp = tokio::net::TcpStream::connect(authority)
+            .await
+            .map_err(|e| e.to_string())?;
+        tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(connection);
+        *conn = Some(sender);
+    }
+    let Some(sender) = conn.as_mut() else {
+        return Err("no connection".into());
+    };
+    let path = url.split_once(authority).map(|(_, p)| p).unwrap_or("/");
+    let mut rb = hyper::Request::post(path)
+        .header("host", authority)
+        .header("user-agent", "outboxd/probe");
+    for (k, v) in headers(i) {
+        rb = rb.header(k, v);
+    }
+    let req = rb.body(Full::new(body)).map_err(|e| e.to_string())?;
+    let call = async {
+        sender.ready().await.map_err(|e| e.to_string())?;
+        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        resp.into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<u16, String>(status)
+    };
+    tokio::time::timeout(TIMEOUT, call)
+        .await
+        .map_err(|_| "timed out".to_string())?
 }
 
 impl Sender {
@@ -59,8 +114,7 @@ impl Sender {
                 Ok(status)
             }
             Sender::Hyper(c) => {
-                let mut rb = hyper::Request::post(url)
-                    .header("user-agent", "outboxd/probe");
+                let mut rb = hyper::Request::post(url).header("user-agent", "outboxd/probe");
                 for (k, v) in headers(i) {
                     rb = rb.header(k, v);
                 }
@@ -68,13 +122,17 @@ impl Sender {
                 let call = async {
                     let resp = c.request(req).await.map_err(|e| e.to_string())?;
                     let status = resp.status().as_u16();
-                    resp.into_body().collect().await.map_err(|e| e.to_string())?;
+                    resp.into_body()
+                        .collect()
+                        .await
+                        .map_err(|e| e.to_string())?;
                     Ok::<u16, String>(status)
                 };
                 tokio::time::timeout(TIMEOUT, call)
                     .await
                     .map_err(|_| "timed out".to_string())?
             }
+            Sender::Conn(_) => Err("a connection of the task's own: see the task loop".into()),
         }
     }
 }
@@ -82,7 +140,7 @@ impl Sender {
 #[tokio::main]
 async fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: http-client-probe reqwest|hyper N CONCURRENCY URL [RATE]";
+    let usage = "usage: http-client-probe reqwest|hyper|conn N CONCURRENCY URL [RATE]";
     let (mode, n, conc, url, rate) = match args.as_slice() {
         [_, mode, n, conc, url] => (mode, n, conc, url, None),
         [_, mode, n, conc, url, rate] => (mode, n, conc, url, Some(rate)),
@@ -120,10 +178,20 @@ async fn main() -> Result<(), String> {
                     .build(conn),
             )
         }
+        "conn" => {
+            let authority = url
+                .strip_prefix("http://")
+                .and_then(|rest| rest.split('/').next())
+                .ok_or("conn: the URL must be http://HOST:PORT/…")?;
+            Sender::Conn(authority.to_string())
+        }
         _ => return Err(usage.into()),
     };
     let sender = Arc::new(sender);
-    let body = Bytes::from(format!(r#"{{"event":"bench","pad":"{}"}}"#, "x".repeat(272)));
+    let body = Bytes::from(format!(
+        r#"{{"event":"bench","pad":"{}"}}"#,
+        "x".repeat(272)
+    ));
     let next = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
     // Warm the pool: one round of CONCURRENCY requests outside the clock.
@@ -132,9 +200,15 @@ async fn main() -> Result<(), String> {
         next.store(0, Ordering::SeqCst);
         let start = tokio::time::Instant::now();
         for _ in 0..conc {
-            let (sender, body, next, failed, url) =
-                (sender.clone(), body.clone(), next.clone(), failed.clone(), url.clone());
+            let (sender, body, next, failed, url) = (
+                sender.clone(),
+                body.clone(),
+                next.clone(),
+                failed.clone(),
+                url.clone(),
+            );
             tasks.spawn(async move {
+                let mut own = None;
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= count {
@@ -144,7 +218,13 @@ async fn main() -> Result<(), String> {
                         let at = start + Duration::from_secs_f64(i as f64 / rate);
                         tokio::time::sleep_until(at).await;
                     }
-                    if !matches!(sender.send(&url, body.clone(), i).await, Ok(s) if s < 300) {
+                    let sent = match &*sender {
+                        Sender::Conn(authority) => {
+                            send_on_own_connection(&mut own, authority, &url, body.clone(), i).await
+                        }
+                        other => other.send(&url, body.clone(), i).await,
+                    };
+                    if !matches!(sent, Ok(s) if s < 300) {
                         failed.fetch_add(1, Ordering::Relaxed);
                     }
                 }
