@@ -188,11 +188,18 @@ async fn a_message_committed_after_the_worker_went_idle_is_still_sent_at_once() 
 /// statement, after its snapshot; meanwhile `during:b` commits and notifies. The claim
 /// comes back with `a` alone, whose request then stalls for 10 s, so no task ending wakes
 /// the loop either, and polling is an hour: only the kept wake-up gets `b` sent soon.
+///
+/// `a` and `b` go to receivers of their own, so that only `a`'s request stalls whichever
+/// arrives first; and the claim's sleep is looked for in this test's database only (other
+/// tests running beside it sleep too, and `b` enqueued before the claim's snapshot would
+/// be claimed with `a`, and then either request could take the stall: the likely cause of
+/// this test's one failure in CI).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wake_up_during_a_claim_is_not_lost() {
     let db = TestDb::new().await;
     let receiver = Receiver::start().await;
     receiver.script([Reply::Stall(Duration::from_secs(10))]);
+    let receiver_b = Receiver::start().await;
     let c = db.client().await;
     c.batch_execute(
         "CREATE FUNCTION public.slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$ \
@@ -219,7 +226,8 @@ async fn a_wake_up_during_a_claim_is_not_lost() {
         let c = &c;
         async move {
             c.query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep')",
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event = 'PgSleep')",
                 &[],
             )
             .await
@@ -228,9 +236,14 @@ async fn a_wake_up_during_a_claim_is_not_lost() {
         }
     })
     .await;
-    enqueue_webhook(&db, "during:b", &receiver.url("/b"), 3, true).await;
+    enqueue_webhook(&db, "during:b", &receiver_b.url("/b"), 3, true).await;
     // Well before a's request ends (10 s after the claim) or a poll (an hour).
     wait_for_state(&db, "during:b", "delivered", Duration::from_secs(5)).await;
-    assert_eq!(receiver.requests_for("during:b").len(), 1);
+    assert_eq!(receiver_b.requests_for("during:b").len(), 1);
+    assert_eq!(
+        receiver.requests_for("during:a").len(),
+        1,
+        "a's request is the one stalled"
+    );
     worker.stop().await;
 }
