@@ -9,7 +9,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::binary::{outboxd, run_within};
-use common::smtp::{Answer, FakeSmtp, Plan, Sink, closed_port, reply};
+use common::smtp::{Answer, FakeSmtp, Plan, Sink, reply};
 use common::*;
 use outboxd::config::WorkerConfig;
 use outboxd::deliver::email::settings::{EmailConfig, SmtpUrl};
@@ -530,7 +530,7 @@ async fn a_server_that_never_greets_is_a_transient_timeout() {
 #[tokio::test]
 async fn connection_refused_is_transient_and_exhausts_the_budget() {
     let db = TestDb::new().await;
-    let port = closed_port().await;
+    let port = CLOSED_PORT;
     enqueue_email(&db, "refused", simple(&["a@example.com"]), 2, false).await;
     let w = start(
         &db,

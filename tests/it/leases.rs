@@ -337,18 +337,21 @@ async fn a_killed_worker_process_loses_its_lease_and_another_finishes() {
     // The first requests stall: the worker process is mid-send when it is killed.
     rx.script((0..5).map(|_| Reply::Stall(Duration::from_secs(60))));
     enqueue_n(&db, "kill", &rx.url("/h"), 5).await;
+    // The timeout leaves this test 5 s between the fifth request and the kill (a loaded
+    // machine may take more than a second); the lease is the shortest start-up allows.
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
         .args([
             "run",
             "--worker-id",
             "doomed",
             "--lease",
-            "4500ms",
+            "8s",
             "--webhook-timeout",
-            "1500ms",
+            "5s",
             "--poll-interval",
             "100ms",
         ])
+        .env_clear()
         .env("DATABASE_URL", db.url())
         .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true")
         .env("RUST_LOG", "warn")

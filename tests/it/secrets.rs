@@ -79,15 +79,6 @@ fn url_with_password(db: &TestDb) -> String {
     url.to_string()
 }
 
-/// A port nothing listens on (bound, then released).
-fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A payload to `base` (`http://127.0.0.1:PORT`) carrying every kind of secret.
 fn secret_payload(base: &str, name: &str) -> Value {
     let url = base.replacen(
@@ -144,7 +135,7 @@ async fn scenario(log_format: &str) -> Scenario {
     bad.set_default(Reply::Status(400));
     let stall = Receiver::start().await;
     stall.set_default(Reply::Stall(Duration::from_secs(3)));
-    let refused = format!("http://127.0.0.1:{}", closed_port());
+    let refused = format!("http://127.0.0.1:{CLOSED_PORT}");
     let base = |rx: &Receiver| format!("http://{}", rx.addr);
 
     let mut outputs = Vec::new();

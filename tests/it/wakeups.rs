@@ -86,6 +86,9 @@ async fn enqueueing_notifies_only_while_a_worker_holds_the_idle_mark() {
     )
     .await
     .unwrap();
+    // The gate's own backend, watched by its pid: counting advisory waiters in `pg_locks`
+    // would also count an idle worker of another test's database waiting at its own gate.
+    let gate_pid = backend_pid(&gate).await;
     let waiting = tokio::spawn(async move {
         gate.batch_execute(
             "SELECT pg_advisory_lock(1869968482, 1); SELECT pg_advisory_unlock(1869968482, 1)",
@@ -93,17 +96,12 @@ async fn enqueueing_notifies_only_while_a_worker_holds_the_idle_mark() {
         .await
         .unwrap();
     });
-    wait_until(Duration::from_secs(10), "the gate to have a waiter", || {
-        let db = &db;
-        async move {
-            db.scalar::<i64>(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
-                 AND classid = 1869968482 AND objid = 1 AND NOT granted",
-            )
-            .await
-                == 1
-        }
-    })
+    wait_for_backend_wait(
+        &db.client().await,
+        gate_pid,
+        "advisory",
+        "the gate to have a waiter",
+    )
     .await;
     tokio::time::timeout(Duration::from_secs(10), insert_committed(&db, "gated:2"))
         .await
@@ -237,8 +235,9 @@ async fn a_wake_up_during_a_claim_is_not_lost() {
     })
     .await;
     enqueue_webhook(&db, "during:b", &receiver_b.url("/b"), 3, true).await;
-    // Well before a's request ends (10 s after the claim) or a poll (an hour).
-    wait_for_state(&db, "during:b", "delivered", Duration::from_secs(5)).await;
+    // Before a's request ends (10 s after the claim) or a poll (an hour), with room for a
+    // loaded machine.
+    wait_for_state(&db, "during:b", "delivered", Duration::from_secs(8)).await;
     assert_eq!(receiver_b.requests_for("during:b").len(), 1);
     assert_eq!(
         receiver.requests_for("during:a").len(),

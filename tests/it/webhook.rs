@@ -380,10 +380,7 @@ async fn credentials_in_the_url_are_sent_as_basic_auth_and_nowhere_else() {
     });
     enqueue_payload(&db, own, payload, 1, true).await;
     // A connection refused: the transport error's text is stored too.
-    let closed_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let closed_port = CLOSED_PORT;
     let refused = "basic-auth:refused";
     let url =
         format!("http://al%20ice:S3CRET-PW@127.0.0.1:{closed_port}/SECRET-PATH?SECRET-QUERY=1");
@@ -739,10 +736,7 @@ async fn no_secret_reaches_logs_or_stored_errors_and_every_attempt_is_logged() {
     let stall = Receiver::start().await;
     stall.set_default(Reply::Stall(Duration::from_secs(3)));
     // A port nobody listens on: connection refused, transient, exhausted.
-    let closed_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let closed_port = CLOSED_PORT;
 
     // Receivers are reached as `localhost` (exempt); the literal 127.0.0.1 is refused.
     let via_localhost = |rx: &Receiver| format!("http://localhost:{}", rx.addr.port());

@@ -240,6 +240,11 @@ where
     }
 }
 
+/// A port nothing listens on, for a connection that is refused. Below the range every
+/// listener of the suite binds in (port 0 gives an ephemeral port), so no other test can be
+/// listening there by chance, as one could on a port bound here and released.
+pub const CLOSED_PORT: u16 = 1;
+
 /// The server process of `c`'s connection, to watch it from another one.
 pub async fn backend_pid(c: &Client) -> i32 {
     c.query_one("SELECT pg_backend_pid()", &[])

@@ -500,12 +500,6 @@ fn address_in(cmd: &str) -> String {
     cmd[start..end].to_owned()
 }
 
-/// A port on 127.0.0.1 where nothing listens (bound, then released).
-pub async fn closed_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    l.local_addr().unwrap().port()
-}
-
 /// The real SMTP server: aiosmtpd running `tests/smtp_sink.py`, killed when dropped.
 pub struct Sink {
     /// Its port on 127.0.0.1.
