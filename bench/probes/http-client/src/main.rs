@@ -78,16 +78,38 @@ async fn send_on_own_connection(
         return Err("no connection".into());
     };
     let path = url.split_once(authority).map(|(_, p)| p).unwrap_or("/");
-    let mut rb = hyper::Request::post(path)
-        .header("host", authority)
-        .header("user-agent", "outboxd/probe");
+    let req = hyper_post(path, Some(authority), body, i)?;
+    status_of(async {
+        sender.ready().await.map_err(|e| e.to_string())?;
+        sender.send_request(req).await.map_err(|e| e.to_string())
+    })
+    .await
+}
+
+/// A POST of `body` with outboxd's headers, for hyper: `target` is the whole URL for
+/// hyper-util's client, or the path with `host` for a connection of hyper's own.
+fn hyper_post(
+    target: &str,
+    host: Option<&str>,
+    body: Bytes,
+    i: usize,
+) -> Result<hyper::Request<Full<Bytes>>, String> {
+    let mut rb = hyper::Request::post(target).header("user-agent", "outboxd/probe");
+    if let Some(host) = host {
+        rb = rb.header("host", host);
+    }
     for (k, v) in headers(i) {
         rb = rb.header(k, v);
     }
-    let req = rb.body(Full::new(body)).map_err(|e| e.to_string())?;
+    rb.body(Full::new(body)).map_err(|e| e.to_string())
+}
+
+/// The status of `response`, its body read to the end, all within [`TIMEOUT`].
+async fn status_of(
+    response: impl std::future::Future<Output = Result<hyper::Response<hyper::body::Incoming>, String>>,
+) -> Result<u16, String> {
     let call = async {
-        sender.ready().await.map_err(|e| e.to_string())?;
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let resp = response.await?;
         let status = resp.status().as_u16();
         resp.into_body()
             .collect()
@@ -114,23 +136,8 @@ impl Sender {
                 Ok(status)
             }
             Sender::Hyper(c) => {
-                let mut rb = hyper::Request::post(url).header("user-agent", "outboxd/probe");
-                for (k, v) in headers(i) {
-                    rb = rb.header(k, v);
-                }
-                let req = rb.body(Full::new(body)).map_err(|e| e.to_string())?;
-                let call = async {
-                    let resp = c.request(req).await.map_err(|e| e.to_string())?;
-                    let status = resp.status().as_u16();
-                    resp.into_body()
-                        .collect()
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    Ok::<u16, String>(status)
-                };
-                tokio::time::timeout(TIMEOUT, call)
-                    .await
-                    .map_err(|_| "timed out".to_string())?
+                let req = hyper_post(url, None, body, i)?;
+                status_of(async { c.request(req).await.map_err(|e| e.to_string()) }).await
             }
             Sender::Conn(_) => Err("a connection of the task's own: see the task loop".into()),
         }
