@@ -842,7 +842,8 @@ async fn credentials_are_percent_decoded_and_a_refused_login_is_transient() {
 
 #[test]
 fn bad_email_settings_exit_2_with_one_line_and_no_password() {
-    let unreachable = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
+    let unreachable =
+        format!("postgres://postgres@127.0.0.1:{CLOSED_PORT}/postgres?connect_timeout=2");
     // (environment, arguments, what the one line must mention)
     type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a str);
     let cases: [Case; 5] = [
@@ -880,7 +881,7 @@ fn bad_email_settings_exit_2_with_one_line_and_no_password() {
     ];
     for (env, args, mention) in cases {
         let mut cmd = outboxd(None);
-        cmd.env("DATABASE_URL", unreachable)
+        cmd.env("DATABASE_URL", &unreachable)
             .envs(env.iter().copied())
             .args(args);
         let out = run_within(&mut cmd, Duration::from_secs(20));

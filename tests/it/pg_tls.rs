@@ -329,7 +329,8 @@ async fn require_never_falls_back_to_plain_text() {
 /// password. The URL points nowhere, so reaching the network would be another exit code.
 #[test]
 fn bad_tls_settings_are_usage_errors() {
-    let base = "postgres://u:hunter2-secret@127.0.0.1:1/postgres?connect_timeout=2";
+    let base =
+        format!("postgres://u:hunter2-secret@127.0.0.1:{CLOSED_PORT}/postgres?connect_timeout=2");
     let cases = [
         ("sslmode=bogus", "unknown sslmode `bogus`"),
         ("sslmode=allow", "sslmode=allow is not supported"),

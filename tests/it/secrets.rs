@@ -382,7 +382,9 @@ fn configuration_errors_do_not_echo_secrets() {
             vec!["status"],
             vec![(
                 "DATABASE_URL",
-                format!("postgres://postgres:{DB_PASSWORD}@127.0.0.1:1/db?connect_timeout=2"),
+                format!(
+                    "postgres://postgres:{DB_PASSWORD}@127.0.0.1:{CLOSED_PORT}/db?connect_timeout=2"
+                ),
             )],
             1,
         ),
@@ -391,7 +393,7 @@ fn configuration_errors_do_not_echo_secrets() {
             vec![(
                 "DATABASE_URL",
                 format!(
-                    "postgres://postgres:{DB_PASSWORD}@127.0.0.1:1/db?connect_timeout=2&sslmode=bogus"
+                    "postgres://postgres:{DB_PASSWORD}@127.0.0.1:{CLOSED_PORT}/db?connect_timeout=2&sslmode=bogus"
                 ),
             )],
             2,
@@ -401,7 +403,7 @@ fn configuration_errors_do_not_echo_secrets() {
             vec![
                 (
                     "DATABASE_URL",
-                    format!("postgres://postgres:{DB_PASSWORD}@127.0.0.1:1/db"),
+                    format!("postgres://postgres:{DB_PASSWORD}@127.0.0.1:{CLOSED_PORT}/db"),
                 ),
                 // A secret one character short of valid base64.
                 (
@@ -416,7 +418,7 @@ fn configuration_errors_do_not_echo_secrets() {
             vec![
                 (
                     "DATABASE_URL",
-                    format!("postgres://postgres:{DB_PASSWORD}@127.0.0.1:1/db"),
+                    format!("postgres://postgres:{DB_PASSWORD}@127.0.0.1:{CLOSED_PORT}/db"),
                 ),
                 // The base64 key without its prefix.
                 (

@@ -380,10 +380,9 @@ async fn credentials_in_the_url_are_sent_as_basic_auth_and_nowhere_else() {
     });
     enqueue_payload(&db, own, payload, 1, true).await;
     // A connection refused: the transport error's text is stored too.
-    let closed_port = CLOSED_PORT;
     let refused = "basic-auth:refused";
     let url =
-        format!("http://al%20ice:S3CRET-PW@127.0.0.1:{closed_port}/SECRET-PATH?SECRET-QUERY=1");
+        format!("http://al%20ice:S3CRET-PW@127.0.0.1:{CLOSED_PORT}/SECRET-PATH?SECRET-QUERY=1");
     enqueue_webhook(&db, refused, &url, 1, true).await;
 
     let w = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
@@ -735,8 +734,7 @@ async fn no_secret_reaches_logs_or_stored_errors_and_every_attempt_is_logged() {
     bad.set_default(Reply::Status(400));
     let stall = Receiver::start().await;
     stall.set_default(Reply::Stall(Duration::from_secs(3)));
-    // A port nobody listens on: connection refused, transient, exhausted.
-    let closed_port = CLOSED_PORT;
+    // A port nobody listens on (`CLOSED_PORT`): connection refused, transient, exhausted.
 
     // Receivers are reached as `localhost` (exempt); the literal 127.0.0.1 is refused.
     let via_localhost = |rx: &Receiver| format!("http://localhost:{}", rx.addr.port());
@@ -773,7 +771,7 @@ async fn no_secret_reaches_logs_or_stored_errors_and_every_attempt_is_logged() {
         ),
         (
             "log:refused",
-            secret_payload(&format!("http://localhost:{closed_port}")),
+            secret_payload(&format!("http://localhost:{CLOSED_PORT}")),
             true,
             "dead",
         ),
