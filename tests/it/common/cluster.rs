@@ -165,22 +165,36 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         // The copied configuration names the primary's port and socket directory; later
-        // lines win.
-        {
-            use std::io::Write;
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .open(data.join("postgresql.conf"))
+        // lines win. The port was free when picked, but another test's cluster may take it
+        // before this one binds it (as scripts/throwaway-pg, a new port is tried then).
+        let mut standby = standby;
+        let mut port = port;
+        for attempt in 1..=3 {
+            {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(data.join("postgresql.conf"))
+                    .unwrap();
+                writeln!(
+                    f,
+                    "port = {port}\nunix_socket_directories = '{}'",
+                    dir.display()
+                )
                 .unwrap();
-            writeln!(
-                f,
-                "port = {port}\nunix_socket_directories = '{}'",
-                dir.display()
-            )
-            .unwrap();
+            }
+            if standby.pg_ctl(&["-w", "start"]) {
+                return standby;
+            }
+            let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+            assert!(
+                attempt < 3 && log.contains("Address already in use"),
+                "standby start:\n{log}"
+            );
+            port = free_port();
+            standby.url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
         }
-        assert!(standby.pg_ctl(&["-w", "start"]), "standby start");
-        standby
+        unreachable!("the loop returns or panics")
     }
 
     /// Promotes a standby to primary and waits until it accepts writes.
