@@ -1068,6 +1068,49 @@ async fn window_run(o: &Opts, url: &str, tag: &str) -> anyhow::Result<f64> {
     Ok(rate)
 }
 
+/// What a run cost PostgreSQL's buffer cache: blocks its database read from outside
+/// `shared_buffers` (the kernel's cache or the disk), and the cluster's buffers written out
+/// by backends and by the background writer to make room (not by checkpoints).
+struct BufferIo {
+    read: i64,
+    written_backend: i64,
+    written_clean: i64,
+}
+
+impl BufferIo {
+    async fn read(client: &Client) -> anyhow::Result<BufferIo> {
+        // This connection's own counts (a VACUUM's reads) are flushed when it goes idle
+        // after this, not up to 10 s later, inside the next run's window.
+        client
+            .batch_execute("SELECT pg_stat_force_next_flush()")
+            .await?;
+        let row = client
+            .query_one(
+                "SELECT (SELECT blks_read FROM pg_stat_database WHERE datname = current_database()),
+                        buffers_backend, buffers_clean
+                 FROM pg_stat_bgwriter",
+                &[],
+            )
+            .await?;
+        Ok(BufferIo {
+            read: row.get(0),
+            written_backend: row.get(1),
+            written_clean: row.get(2),
+        })
+    }
+
+    fn print_since(&self, before: &BufferIo, n: usize) {
+        let per = |a: i64, b: i64| (a - b) as f64 / n as f64;
+        println!(
+            "    per delivery: {:.2} blocks read into shared_buffers, {:.2} written by backends, \
+             {:.2} by the background writer",
+            per(self.read, before.read),
+            per(self.written_backend, before.written_backend),
+            per(self.written_clean, before.written_clean)
+        );
+    }
+}
+
 async fn depth(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     println!(
         "== depth: {} pending and {} delivered rows in the table",
@@ -1075,20 +1118,11 @@ async fn depth(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     );
     let payload = o.payload(&o.sink);
 
-    // The small table: the same measurement on a table holding only the backlog.
+    // The small table: the same measurement on a table holding only the backlog. Its runs
+    // alternate with the deep table's (below), so that a change of the host's spell between
+    // loading the deep table and timing it falls on both sides alike.
     let small_url = fresh_db(o, "bench_small").await?;
     let small = connect(&small_url).await?;
-    let mut small_rates = Vec::new();
-    for run in 0..o.runs {
-        reset(&small).await?;
-        load_jobs(&small, "w", o.n, &payload).await?;
-        small
-            .batch_execute("VACUUM ANALYZE outbox.messages")
-            .await?;
-        small.batch_execute("CHECKPOINT").await?;
-        small_rates.push(window_run(o, &small_url, &format!("small-{run}")).await?);
-    }
-    let small_rate = median(small_rates);
 
     let url = fresh_db(o, "bench_depth").await?;
     let client = connect(&url).await?;
@@ -1172,11 +1206,30 @@ async fn depth(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         println!("    {l}");
     }
 
-    let mut deep_rates = Vec::new();
+    // Interleaved, each run after the same preparation: vacuumed and analyzed, then a
+    // checkpoint, so that both sides pay the full-page images of the pages they touch first.
+    let (mut small_rates, mut deep_rates) = (Vec::new(), Vec::new());
     for run in 0..o.runs {
+        reset(&small).await?;
+        load_jobs(&small, "w", o.n, &payload).await?;
+        small
+            .batch_execute("VACUUM ANALYZE outbox.messages")
+            .await?;
+        small.batch_execute("CHECKPOINT").await?;
+        let io = BufferIo::read(&small).await?;
+        small_rates.push(window_run(o, &small_url, &format!("small-{run}")).await?);
+        BufferIo::read(&small).await?.print_since(&io, o.n);
+        if run > 0 {
+            client
+                .batch_execute("VACUUM ANALYZE outbox.messages")
+                .await?;
+        }
+        client.batch_execute("CHECKPOINT").await?;
+        let io = BufferIo::read(&client).await?;
         deep_rates.push(window_run(o, &url, &format!("deep-{run}")).await?);
+        BufferIo::read(&client).await?.print_since(&io, o.n);
     }
-    let deep_rate = median(deep_rates);
+    let (small_rate, deep_rate) = (median(small_rates), median(deep_rates));
     rows.push(Row {
         figure: format!(
             "deliveries/s from a backlog, small table (median of {})",
@@ -1195,7 +1248,7 @@ async fn depth(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
             fmt_rate(deep_rate),
             100.0 * deep_rate / small_rate
         ),
-        target: "≥ 80 % of small".into(),
+        target: "≥ 90 % of small".into(),
     });
     Ok(())
 }
