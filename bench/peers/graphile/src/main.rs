@@ -13,6 +13,12 @@
 //! Settings (environment): PEER_DATABASE_URL, PEER_SINK_URL, PEER_BODY (a file),
 //! PEER_N (20000), PEER_CONCURRENCY (64), PEER_TUNED (1: a local queue of 500 and
 //! completions batched every 1 ms, graphile's own throughput options; 0: its defaults).
+//!
+//! `probes/pg-callgrind` counts PostgreSQL's instructions for the drain alone, so it runs
+//! the two halves as two processes: PEER_PHASE=enqueue adds the jobs and exits;
+//! PEER_PHASE=run starts at once (no line awaited) and drains the PEER_N jobs already in
+//! the table (PEER_N=0: an empty table, the connections' own cost). PEER_POLL_MS (2) is how
+//! often the end is looked for in the table, a `count(*)` that PostgreSQL pays too.
 
 use std::io::Write as _;
 use std::sync::OnceLock;
@@ -82,6 +88,11 @@ async fn main() -> anyhow::Result<()> {
     let n: usize = env("PEER_N", "20000").parse()?;
     let concurrency: usize = env("PEER_CONCURRENCY", "64").parse()?;
     let tuned = env("PEER_TUNED", "1") != "0";
+    let phase = env("PEER_PHASE", "both");
+    if !["both", "enqueue", "run"].contains(&phase.as_str()) {
+        bail!("PEER_PHASE must be both, enqueue or run, not {phase:?}");
+    }
+    let poll_every = Duration::from_millis(env("PEER_POLL_MS", "2").parse()?);
 
     // The same client settings as outboxd's: keep-alive, no proxy.
     CLIENT
@@ -108,16 +119,21 @@ async fn main() -> anyhow::Result<()> {
         url: sink,
         body: body.trim_end().to_owned(),
     };
-    let spec = JobSpec::default();
-    let jobs: Vec<(Hook, &JobSpec)> = (0..n).map(|_| (hook.clone(), &spec)).collect();
-    worker.create_utils().add_jobs(&jobs).await?;
-    drop(jobs);
-    println!("enqueued {n}");
-    std::io::stdout().flush()?;
-    let mut go = String::new();
-    tokio::io::BufReader::new(tokio::io::stdin())
-        .read_line(&mut go)
-        .await?;
+    if phase != "run" {
+        let spec = JobSpec::default();
+        let jobs: Vec<(Hook, &JobSpec)> = (0..n).map(|_| (hook.clone(), &spec)).collect();
+        worker.create_utils().add_jobs(&jobs).await?;
+        drop(jobs);
+        println!("enqueued {n}");
+        std::io::stdout().flush()?;
+        if phase == "enqueue" {
+            return Ok(());
+        }
+        let mut go = String::new();
+        tokio::io::BufReader::new(tokio::io::stdin())
+            .read_line(&mut go)
+            .await?;
+    }
 
     let poll = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
@@ -149,7 +165,7 @@ async fn main() -> anyhow::Result<()> {
         if Instant::now() > deadline {
             bail!("peer: {left} jobs still in the table");
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(poll_every).await;
     }
     let took = started.elapsed().as_secs_f64();
     let (u1, s1) = cpu();
