@@ -1,7 +1,7 @@
 //! Small helpers more than one room needs, each in one copy: a mutex lock that survives
 //! poisoning, this machine's host name, the walk down an error's causes, and the `Debug`
-//! of a value that must not be printed. Nothing here knows about messages, channels or
-//! the database.
+//! of a value that must not be printed (`Redacted` for a borrowed one, `Secret` for one
+//! held as it was read). Nothing here knows about messages, channels or the database.
 
 use std::error::Error;
 use std::sync::{Mutex, MutexGuard};
@@ -45,9 +45,37 @@ impl<T> std::fmt::Debug for Redacted<'_, T> {
     }
 }
 
-/// The names of `(variable, value)` pairs of secrets, for a `Debug` that shows no value.
-pub fn secret_names(pairs: &[(String, String)]) -> Vec<&str> {
-    pairs.iter().map(|(name, _)| name.as_str()).collect()
+/// A value that must never be printed, held where it is read (a secret, or a URL that may
+/// carry a password or a token). Its `Debug` says only `[redacted]`, so a struct holding it
+/// can derive its own `Debug` and stay safe when a field is added; the value is read with
+/// [`Secret::expose`], which makes every place that uses it visible in the code. It has
+/// no `Display`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The value itself, for the one place that uses it (a parser, a connection).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(value: String) -> Secret {
+        Secret(value)
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(value: &str) -> Secret {
+        Secret(value.to_owned())
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
 }
 
 #[cfg(test)]
@@ -85,5 +113,26 @@ mod tests {
         let secret = Some("hunter2".to_owned());
         assert_eq!(format!("{:?}", Redacted(&secret)), "Some([redacted])");
         assert_eq!(format!("{:?}", Redacted::<String>(&None)), "None");
+    }
+
+    #[test]
+    fn a_secret_prints_as_redacted_wherever_it_is_held() {
+        #[derive(Debug)]
+        struct Held {
+            one: Option<Secret>,
+            named: Vec<(String, Secret)>,
+        }
+        let held = Held {
+            one: Some("hunter2".into()),
+            named: vec![("NAME".to_owned(), Secret::from("hunter3".to_owned()))],
+        };
+        let shown = format!("{held:?} {held:#?}");
+        assert!(!shown.contains("hunter"), "{shown}");
+        assert!(
+            shown.contains("Some([redacted])") && shown.contains("NAME"),
+            "{shown}"
+        );
+        assert_eq!(held.one.as_ref().map(Secret::expose), Some("hunter2"));
+        assert_eq!(held.named[0].1.expose(), "hunter3");
     }
 }

@@ -37,19 +37,23 @@ pub use args::{
 pub use run::worker_settings;
 
 use crate::model::ConfigError;
+use crate::support::Secret;
 
-/// The environment the CLI reads (besides flags), read once in `main`.
-#[derive(Clone, Default)]
+/// The environment the CLI reads (besides flags), read once in `main`. Every value that
+/// may hold a password or a token is a [`Secret`], so its `Debug` (derived) shows none of
+/// them: the database and SMTP URLs, the signing secrets (the named ones show their
+/// variables' names) and the console's token.
+#[derive(Clone, Debug, Default)]
 pub struct Env {
     /// `DATABASE_URL`.
-    pub database_url: Option<String>,
+    pub database_url: Option<Secret>,
     /// `OUTBOXD_SMTP_URL`.
-    pub smtp_url: Option<String>,
+    pub smtp_url: Option<Secret>,
     /// `OUTBOXD_WEBHOOK_SECRET`.
-    pub webhook_secret: Option<String>,
+    pub webhook_secret: Option<Secret>,
     /// Every non-empty `OUTBOXD_WEBHOOK_SECRET_<NAME>`, as (variable, value); a name or value
     /// that is not UTF-8 is kept lossily, so that it fails validation naming the variable.
-    pub named_webhook_secrets: Vec<(String, String)>,
+    pub named_webhook_secrets: Vec<(String, Secret)>,
     /// `OUTBOXD_ALLOW_PRIVATE_NETWORKS`.
     pub allow_private_networks: Option<String>,
     /// `OUTBOXD_WEBHOOK_ALLOW_HOSTS`.
@@ -57,41 +61,20 @@ pub struct Env {
     /// `OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN`.
     pub email_message_id_domain: Option<String>,
     /// `OUTBOXD_CONSOLE_TOKEN`: the console's sign-in token.
-    pub console_token: Option<String>,
-}
-
-impl std::fmt::Debug for Env {
-    /// By hand: the database and SMTP URLs (their passwords), the signing secrets and the
-    /// console's token are never shown; the named secrets show their variables' names.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use crate::support::{Redacted, secret_names};
-        f.debug_struct("Env")
-            .field("database_url", &Redacted(&self.database_url))
-            .field("smtp_url", &Redacted(&self.smtp_url))
-            .field("webhook_secret", &Redacted(&self.webhook_secret))
-            .field(
-                "named_webhook_secrets",
-                &secret_names(&self.named_webhook_secrets),
-            )
-            .field("allow_private_networks", &self.allow_private_networks)
-            .field("webhook_allow_hosts", &self.webhook_allow_hosts)
-            .field("email_message_id_domain", &self.email_message_id_domain)
-            .field("console_token", &Redacted(&self.console_token))
-            .finish()
-    }
+    pub console_token: Option<Secret>,
 }
 
 /// The `OUTBOXD_WEBHOOK_SECRET_<NAME>` variables among `vars`, sorted by name.
 fn named_secrets(
     vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
-) -> Vec<(String, String)> {
+) -> Vec<(String, Secret)> {
     let prefix = format!("{}_", crate::deliver::webhook::settings::SECRET_VAR);
-    let mut found: Vec<(String, String)> = vars
+    let mut found: Vec<(String, Secret)> = vars
         .map(|(k, v)| (k.to_string_lossy().into_owned(), v))
         .filter(|(k, v)| k.starts_with(&prefix) && !v.is_empty())
-        .map(|(k, v)| (k, v.to_string_lossy().into_owned()))
+        .map(|(k, v)| (k, Secret::from(v.to_string_lossy().into_owned())))
         .collect();
-    found.sort();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
     found
 }
 
@@ -99,22 +82,27 @@ impl Env {
     /// Reads the variables.
     pub fn from_process() -> Self {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let secret = |k: &str| var(k).map(Secret::from);
         Env {
-            database_url: var("DATABASE_URL"),
-            smtp_url: var("OUTBOXD_SMTP_URL"),
-            webhook_secret: var("OUTBOXD_WEBHOOK_SECRET"),
+            database_url: secret("DATABASE_URL"),
+            smtp_url: secret("OUTBOXD_SMTP_URL"),
+            webhook_secret: secret("OUTBOXD_WEBHOOK_SECRET"),
             named_webhook_secrets: named_secrets(std::env::vars_os()),
             allow_private_networks: var("OUTBOXD_ALLOW_PRIVATE_NETWORKS"),
             webhook_allow_hosts: var("OUTBOXD_WEBHOOK_ALLOW_HOSTS"),
             email_message_id_domain: var("OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN"),
-            console_token: var("OUTBOXD_CONSOLE_TOKEN"),
+            console_token: secret("OUTBOXD_CONSOLE_TOKEN"),
         }
     }
 
     fn database(&self) -> Result<crate::db::Database, ConfigError> {
-        let url = self.database_url.as_deref().ok_or_else(|| {
-            ConfigError("DATABASE_URL is not set (e.g. postgres://user@localhost/app)".into())
-        })?;
+        let url = self
+            .database_url
+            .as_ref()
+            .map(Secret::expose)
+            .ok_or_else(|| {
+                ConfigError("DATABASE_URL is not set (e.g. postgres://user@localhost/app)".into())
+            })?;
         crate::db::parse_url(url)
     }
 }

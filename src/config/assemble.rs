@@ -15,7 +15,7 @@ use crate::deliver::email::settings::{EmailConfig, SmtpUrl, parse_message_id_dom
 use crate::deliver::webhook::settings::{DestinationPolicy, SigningKeys, WebhookConfig};
 use crate::model::{Channel, ConfigError};
 use crate::retry::RetryPolicy;
-use crate::support::{Redacted, secret_names};
+use crate::support::Secret;
 
 /// The shortest age at which a finished message may be deleted: a message key's dedup
 /// record must outlive the provider's retry window.
@@ -23,7 +23,9 @@ pub const RETENTION_FLOOR: Duration = Duration::from_secs(24 * 3600);
 
 /// The raw values `outboxd run` is configured from, flags and environment alike. Each
 /// field is named after the flag or variable it comes from; nothing here is validated yet.
-#[derive(Clone)]
+/// The SMTP URL (its password) and the signing secrets are [`Secret`]s, so the derived
+/// `Debug` shows none of them.
+#[derive(Clone, Debug)]
 pub struct RunInput {
     /// `--concurrency`: most deliveries in flight at once.
     pub concurrency: usize,
@@ -56,11 +58,11 @@ pub struct RunInput {
     /// `--breaker-cooldown`: how long a circuit stays open before its probe.
     pub breaker_cooldown: Duration,
     /// `OUTBOXD_SMTP_URL`.
-    pub smtp_url: Option<String>,
+    pub smtp_url: Option<Secret>,
     /// `OUTBOXD_WEBHOOK_SECRET`.
-    pub webhook_secret: Option<String>,
+    pub webhook_secret: Option<Secret>,
     /// Every `OUTBOXD_WEBHOOK_SECRET_<NAME>` variable, as (name, value).
-    pub named_webhook_secrets: Vec<(String, String)>,
+    pub named_webhook_secrets: Vec<(String, Secret)>,
     /// `OUTBOXD_ALLOW_PRIVATE_NETWORKS`.
     pub allow_private_networks: Option<String>,
     /// `OUTBOXD_WEBHOOK_ALLOW_HOSTS`.
@@ -71,41 +73,6 @@ pub struct RunInput {
     pub host_concurrency: usize,
     /// `--webhook-rate-limits` / `OUTBOXD_WEBHOOK_RATE_LIMITS`: `host=N/s|N/m`, comma-separated.
     pub webhook_rate_limits: Option<String>,
-}
-
-impl std::fmt::Debug for RunInput {
-    /// By hand: the SMTP URL (its password) and the signing secrets are never shown; the
-    /// named secrets show their variables' names.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunInput")
-            .field("concurrency", &self.concurrency)
-            .field("batch_size", &self.batch_size)
-            .field("poll_interval", &self.poll_interval)
-            .field("lease", &self.lease)
-            .field("webhook_timeout", &self.webhook_timeout)
-            .field("smtp_timeout", &self.smtp_timeout)
-            .field("retry_base", &self.retry_base)
-            .field("retry_max", &self.retry_max)
-            .field("retention", &self.retention)
-            .field("channels", &self.channels)
-            .field("worker_id", &self.worker_id)
-            .field("drain", &self.drain)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("breaker_threshold", &self.breaker_threshold)
-            .field("breaker_cooldown", &self.breaker_cooldown)
-            .field("smtp_url", &Redacted(&self.smtp_url))
-            .field("webhook_secret", &Redacted(&self.webhook_secret))
-            .field(
-                "named_webhook_secrets",
-                &secret_names(&self.named_webhook_secrets),
-            )
-            .field("allow_private_networks", &self.allow_private_networks)
-            .field("webhook_allow_hosts", &self.webhook_allow_hosts)
-            .field("email_message_id_domain", &self.email_message_id_domain)
-            .field("host_concurrency", &self.host_concurrency)
-            .field("webhook_rate_limits", &self.webhook_rate_limits)
-            .finish()
-    }
 }
 
 /// Builds the worker's settings from the raw values, validated. The e-mail settings are
@@ -162,7 +129,11 @@ fn email_settings(
 ) -> Result<Option<EmailConfig>, ConfigError> {
     // The relay's settings are checked whenever they are given, like the webhook secret,
     // so a bad value shows at the first start rather than when e-mail is switched on.
-    let smtp = input.smtp_url.as_deref().map(SmtpUrl::parse).transpose()?;
+    let smtp = input
+        .smtp_url
+        .as_ref()
+        .map(|url| SmtpUrl::parse(url.expose()))
+        .transpose()?;
     let message_id_domain = input
         .email_message_id_domain
         .as_deref()
@@ -211,7 +182,7 @@ pub fn check_purge_age(older_than: Duration) -> Result<(), ConfigError> {
 /// The webhook settings: signing key, destination policy, timeout.
 fn webhook_settings(input: &RunInput) -> Result<WebhookConfig, ConfigError> {
     let signing = SigningKeys::from_values(
-        input.webhook_secret.as_deref(),
+        input.webhook_secret.as_ref().map(Secret::expose),
         &input.named_webhook_secrets,
     )?;
     let destinations = DestinationPolicy::from_values(

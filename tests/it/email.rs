@@ -913,7 +913,7 @@ fn settings(
         unreachable!("a run command");
     };
     let env = outboxd::cli::Env {
-        smtp_url: smtp_url.map(str::to_owned),
+        smtp_url: smtp_url.map(Into::into),
         email_message_id_domain: Some("Mail.Outbox.Test".into()),
         ..Default::default()
     };

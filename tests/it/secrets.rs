@@ -547,13 +547,16 @@ fn debug_of_what_holds_secrets_shows_none() {
     let (secret, _) = webhook_secret();
     let db_url = format!("postgres://app:{DB_PASSWORD}@db.example/app");
     let smtp_url = format!("smtp://mailer:{SMTP_PASSWORD}@smtp.example:587");
-    let named = vec![("OUTBOXD_WEBHOOK_SECRET_BILLING".to_owned(), secret.clone())];
+    let named = vec![(
+        "OUTBOXD_WEBHOOK_SECRET_BILLING".to_owned(),
+        outboxd::support::Secret::from(secret.as_str()),
+    )];
     let text = secret_payload("http://hooks.example.com:8443", "debug").to_string();
 
     let env = outboxd::cli::Env {
-        database_url: Some(db_url),
-        smtp_url: Some(smtp_url.clone()),
-        webhook_secret: Some(secret.clone()),
+        database_url: Some(db_url.into()),
+        smtp_url: Some(smtp_url.as_str().into()),
+        webhook_secret: Some(secret.as_str().into()),
         named_webhook_secrets: named.clone(),
         console_token: Some(CONSOLE_TOKEN.into()),
         ..Default::default()
@@ -574,8 +577,8 @@ fn debug_of_what_holds_secrets_shows_none() {
         shutdown_grace: Duration::from_secs(30),
         breaker_threshold: 5,
         breaker_cooldown: Duration::from_secs(30),
-        smtp_url: Some(smtp_url),
-        webhook_secret: Some(secret.clone()),
+        smtp_url: Some(smtp_url.into()),
+        webhook_secret: Some(secret.as_str().into()),
         named_webhook_secrets: named.clone(),
         allow_private_networks: None,
         webhook_allow_hosts: None,

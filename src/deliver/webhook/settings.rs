@@ -134,7 +134,7 @@ impl SigningKeys {
     /// never its value.
     pub fn from_values(
         default: Option<&str>,
-        named: &[(String, String)],
+        named: &[(String, crate::support::Secret)],
     ) -> Result<SigningKeys, ConfigError> {
         let default = match default {
             Some(v) => parse_secrets(SECRET_VAR, v)?,
@@ -156,7 +156,7 @@ impl SigningKeys {
                 )));
             }
             keys.named
-                .insert(name.to_owned(), parse_secrets(var, value)?);
+                .insert(name.to_owned(), parse_secrets(var, value.expose())?);
         }
         Ok(keys)
     }
@@ -249,17 +249,17 @@ mod tests {
             ),
             (
                 None,
-                vec![("OUTBOXD_WEBHOOK_SECRET_X".to_owned(), "whsec_!!".to_owned())],
+                vec![("OUTBOXD_WEBHOOK_SECRET_X".to_owned(), "whsec_!!".into())],
                 "OUTBOXD_WEBHOOK_SECRET_X: the part after whsec_",
             ),
             (
                 None,
-                vec![("OUTBOXD_WEBHOOK_SECRET_lower".to_owned(), a.to_owned())],
+                vec![("OUTBOXD_WEBHOOK_SECRET_lower".to_owned(), a.into())],
                 "NAME of upper-case letters",
             ),
             (
                 None,
-                vec![("OUTBOXD_WEBHOOK_SECRET_".to_owned(), a.to_owned())],
+                vec![("OUTBOXD_WEBHOOK_SECRET_".to_owned(), a.into())],
                 "NAME of upper-case letters",
             ),
         ] {
