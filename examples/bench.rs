@@ -1070,43 +1070,78 @@ async fn window_run(o: &Opts, url: &str, tag: &str) -> anyhow::Result<f64> {
 
 /// What a run cost PostgreSQL's buffer cache: blocks its database read from outside
 /// `shared_buffers` (the kernel's cache or the disk), and the cluster's buffers written out
-/// by backends and by the background writer to make room (not by checkpoints).
+/// by backends and by the background writer to make room (not by checkpoints). The
+/// written figures come from `pg_stat_bgwriter`, which PostgreSQL 17 no longer splits so;
+/// there they are not printed.
 struct BufferIo {
     read: i64,
-    written_backend: i64,
-    written_clean: i64,
+    written: Option<(i64, i64)>,
 }
 
 impl BufferIo {
     async fn read(client: &Client) -> anyhow::Result<BufferIo> {
-        // This connection's own counts (a VACUUM's reads) are flushed when it goes idle
-        // after this, not up to 10 s later, inside the next run's window.
-        client
-            .batch_execute("SELECT pg_stat_force_next_flush()")
-            .await?;
-        let row = client
+        // A backend reports its counts when it exits: wait (5 s at most) until the daemon's
+        // have, then flush this connection's own (a VACUUM's reads) now rather than up to
+        // 10 s later, inside the next run's window (PostgreSQL 15 and later).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let others: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND pid <> pg_backend_pid()
+                       AND backend_type = 'client backend'",
+                    &[],
+                )
+                .await?
+                .get(0);
+            if others == 0 || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let version: i32 = client
+            .query_one("SELECT current_setting('server_version_num')::int", &[])
+            .await?
+            .get(0);
+        if version >= 150000 {
+            client
+                .batch_execute("SELECT pg_stat_force_next_flush()")
+                .await?;
+        }
+        let read: i64 = client
             .query_one(
-                "SELECT (SELECT blks_read FROM pg_stat_database WHERE datname = current_database()),
-                        buffers_backend, buffers_clean
-                 FROM pg_stat_bgwriter",
+                "SELECT blks_read FROM pg_stat_database WHERE datname = current_database()",
                 &[],
             )
-            .await?;
-        Ok(BufferIo {
-            read: row.get(0),
-            written_backend: row.get(1),
-            written_clean: row.get(2),
-        })
+            .await?
+            .get(0);
+        let written = if version < 170000 {
+            let row = client
+                .query_one(
+                    "SELECT buffers_backend, buffers_clean FROM pg_stat_bgwriter",
+                    &[],
+                )
+                .await?;
+            Some((row.get(0), row.get(1)))
+        } else {
+            None
+        };
+        Ok(BufferIo { read, written })
     }
 
     fn print_since(&self, before: &BufferIo, n: usize) {
         let per = |a: i64, b: i64| (a - b) as f64 / n as f64;
+        let written = match (self.written, before.written) {
+            (Some((backend, clean)), Some((backend0, clean0))) => format!(
+                ", {:.2} written by backends, {:.2} by the background writer",
+                per(backend, backend0),
+                per(clean, clean0)
+            ),
+            _ => String::new(),
+        };
         println!(
-            "    per delivery: {:.2} blocks read into shared_buffers, {:.2} written by backends, \
-             {:.2} by the background writer",
-            per(self.read, before.read),
-            per(self.written_backend, before.written_backend),
-            per(self.written_clean, before.written_clean)
+            "    per delivery: {:.2} blocks read into shared_buffers{written}",
+            per(self.read, before.read)
         );
     }
 }
@@ -1228,6 +1263,11 @@ async fn depth(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         let io = BufferIo::read(&client).await?;
         deep_rates.push(window_run(o, &url, &format!("deep-{run}")).await?);
         BufferIo::read(&client).await?.print_since(&io, o.n);
+        println!(
+            "  pair {}: deep ÷ small = {:.2}",
+            run + 1,
+            deep_rates[run] / small_rates[run]
+        );
     }
     let (small_rate, deep_rate) = (median(small_rates), median(deep_rates));
     rows.push(Row {

@@ -49,8 +49,9 @@ impl<T> std::fmt::Debug for Redacted<'_, T> {
 /// carry a password or a token). Its `Debug` says only `[redacted]`, so a struct holding it
 /// can derive its own `Debug` and stay safe when a field is added; the value is read with
 /// [`Secret::expose`], which makes every place that uses it visible in the code. It has
-/// no `Display`.
-#[derive(Clone, Default, PartialEq, Eq)]
+/// no `Display`, and no `PartialEq` (a token compared with `==` would be compared in time
+/// that depends on where it differs).
+#[derive(Clone, Default)]
 pub struct Secret(String);
 
 impl Secret {

@@ -170,6 +170,8 @@ impl Cluster {
         let mut standby = standby;
         let mut port = port;
         for attempt in 1..=3 {
+            // What the log held before this attempt: only what this one adds is read below.
+            let seen = std::fs::metadata(dir.join("server.log")).map_or(0, |m| m.len() as usize);
             {
                 use std::io::Write;
                 let mut f = std::fs::OpenOptions::new()
@@ -186,7 +188,8 @@ impl Cluster {
             if standby.pg_ctl(&["-w", "start"]) {
                 return standby;
             }
-            let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+            let log = std::fs::read(dir.join("server.log")).unwrap_or_default();
+            let log = String::from_utf8_lossy(log.get(seen..).unwrap_or_default());
             assert!(
                 attempt < 3 && log.contains("Address already in use"),
                 "standby start:\n{log}"
