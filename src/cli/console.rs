@@ -4,8 +4,7 @@ use super::{CliError, ConsoleArgs, Env, runtime};
 use crate::console::{ConsoleConfig, ServeError};
 
 pub(super) async fn console(args: ConsoleArgs, env: &Env) -> Result<(), CliError> {
-    let token = env.console_token.as_ref().map(|t| t.expose().to_owned());
-    let config = ConsoleConfig::new(args.addr, token)?;
+    let config = ConsoleConfig::new(args.addr, env.console_token.clone())?;
     let db = env.database()?;
     let pool = crate::db::pool(&db, 4)?;
     let stop = super::run::shutdown_signal()?;

@@ -40,26 +40,18 @@ use axum::routing::{get, post};
 use deadpool_postgres::Pool;
 
 use crate::model::ConfigError;
+use crate::support::Secret;
 
-/// The console's settings, validated by [`ConsoleConfig::new`].
-#[derive(Clone)]
+/// The console's settings, validated by [`ConsoleConfig::new`]. The token is a [`Secret`],
+/// so the derived `Debug` shows only whether there is one.
+#[derive(Clone, Debug)]
 pub struct ConsoleConfig {
     /// Where to listen.
     pub addr: SocketAddr,
     /// The sign-in token; `None` only on a loopback address.
-    token: Option<String>,
+    token: Option<Secret>,
     /// How long a session lasts after sign-in.
     pub session_ttl: Duration,
-}
-
-impl std::fmt::Debug for ConsoleConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConsoleConfig")
-            .field("addr", &self.addr)
-            .field("token", &self.token.as_ref().map(|_| "[redacted]"))
-            .field("session_ttl", &self.session_ttl)
-            .finish()
-    }
 }
 
 /// The shortest sign-in token accepted: long enough that the rate limit makes guessing it
@@ -79,9 +71,9 @@ pub fn is_loopback(ip: IpAddr) -> bool {
 impl ConsoleConfig {
     /// Checks the settings: a token is required unless `addr` is loopback, and a token that
     /// is given must be at least [`MIN_TOKEN_LEN`] characters.
-    pub fn new(addr: SocketAddr, token: Option<String>) -> Result<ConsoleConfig, ConfigError> {
-        let token = token.filter(|t| !t.is_empty());
-        match &token {
+    pub fn new(addr: SocketAddr, token: Option<Secret>) -> Result<ConsoleConfig, ConfigError> {
+        let token = token.filter(|t| !t.expose().is_empty());
+        match token.as_ref().map(Secret::expose) {
             None if !is_loopback(addr.ip()) => {
                 return Err(ConfigError(format!(
                     "OUTBOXD_CONSOLE_TOKEN is required when the console listens on {addr}, which is not a loopback address"
@@ -171,7 +163,11 @@ pub async fn serve(
     let secure = !is_loopback(local.ip());
     let app = Arc::new(App {
         pool,
-        auth: auth::Auth::new(config.token.as_deref(), config.session_ttl, secure),
+        auth: auth::Auth::new(
+            config.token.as_ref().map(Secret::expose),
+            config.session_ttl,
+            secure,
+        ),
     });
     tracing::info!(addr = %local, signin_token = config.token.is_some(), "console listening");
     bound(local);
