@@ -1080,34 +1080,14 @@ struct BufferIo {
 
 impl BufferIo {
     async fn read(client: &Client) -> anyhow::Result<BufferIo> {
-        // A backend reports its counts when it exits: wait (5 s at most) until the daemon's
-        // have, then flush this connection's own (a VACUUM's reads) now rather than up to
-        // 10 s later, inside the next run's window (PostgreSQL 15 and later).
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let others: i64 = client
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                     WHERE datname = current_database() AND pid <> pg_backend_pid()
-                       AND backend_type = 'client backend'",
-                    &[],
-                )
-                .await?
-                .get(0);
-            if others == 0 || Instant::now() > deadline {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // The daemon's backends report their counts as they exit, this connection its own
+        // (a VACUUM's reads) when flushed, not up to 10 s later inside the next run.
+        daemon_backends_gone(client, Duration::from_secs(5)).await?;
+        flush_own_stats(client).await?;
         let version: i32 = client
             .query_one("SELECT current_setting('server_version_num')::int", &[])
             .await?
             .get(0);
-        if version >= 150000 {
-            client
-                .batch_execute("SELECT pg_stat_force_next_flush()")
-                .await?;
-        }
         let read: i64 = client
             .query_one(
                 "SELECT blks_read FROM pg_stat_database WHERE datname = current_database()",
@@ -1867,12 +1847,38 @@ async fn backend_pid(c: &Client) -> anyhow::Result<u32> {
         .get::<_, i32>(0) as u32)
 }
 
-/// Committed and rolled-back transactions of the benchmark database, pending stats of this
-/// session flushed first.
-async fn db_xacts(c: &Client) -> anyhow::Result<i64> {
+/// Flushes this session's pending statistics (they are flushed when the session next goes
+/// idle) and drops any snapshot of them, so that the next read sees every count so far.
+async fn flush_own_stats(c: &Client) -> anyhow::Result<()> {
     c.batch_execute("SELECT pg_stat_force_next_flush()").await?;
     c.batch_execute("SELECT 1").await?;
     c.batch_execute("SELECT pg_stat_clear_snapshot()").await?;
+    Ok(())
+}
+
+/// Waits (`limit` at most) until no daemon's backend is left on the cluster: a backend
+/// flushes its statistics as it exits.
+async fn daemon_backends_gone(c: &Client, limit: Duration) -> anyhow::Result<()> {
+    let t = Instant::now();
+    loop {
+        let left: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outboxd'",
+                &[],
+            )
+            .await?
+            .get(0);
+        if left == 0 || t.elapsed() > limit {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Committed and rolled-back transactions of the benchmark database, pending stats of this
+/// session flushed first.
+async fn db_xacts(c: &Client) -> anyhow::Result<i64> {
+    flush_own_stats(c).await?;
     Ok(c.query_one(
         "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database
              WHERE datname = current_database()",
@@ -1977,22 +1983,7 @@ async fn scaleout_run(
     for d in daemons {
         d.stop().await?;
     }
-    // The daemons' backends flush their statistics as they exit.
-    let t = Instant::now();
-    loop {
-        let left: i64 = ctx
-            .sampler
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outboxd'",
-                &[],
-            )
-            .await?
-            .get(0);
-        if left == 0 || t.elapsed() > Duration::from_secs(10) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    daemon_backends_gone(&ctx.sampler, Duration::from_secs(10)).await?;
     let xacts = db_xacts(client).await? - xacts0 - probes;
     let sent = (sink_requests(&o.sink_status)? - sink0).saturating_sub(polls + 1);
     let delivered: i64 = client
