@@ -130,11 +130,11 @@ impl Cluster {
     /// A streaming standby of `primary` on a port of its own: `pg_basebackup -R` (which
     /// writes `primary_conninfo` and `standby.signal`), then started (blocking).
     pub fn standby_of(primary: &Cluster) -> Cluster {
-        let port = free_port();
+        let mut port = free_port();
         let dir =
             std::env::temp_dir().join(format!("outboxd-standby.{}.{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let standby = Cluster {
+        let mut standby = Cluster {
             url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
             dir: dir.clone(),
             bin: primary.bin.clone(),
@@ -167,8 +167,6 @@ impl Cluster {
         // The copied configuration names the primary's port and socket directory; later
         // lines win. The port was free when picked, but another test's cluster may take it
         // before this one binds it (as scripts/throwaway-pg, a new port is tried then).
-        let mut standby = standby;
-        let mut port = port;
         for attempt in 1..=3 {
             // What the log held before this attempt: only what this one adds is read below.
             let seen = std::fs::metadata(dir.join("server.log")).map_or(0, |m| m.len() as usize);
