@@ -78,8 +78,8 @@ impl std::fmt::Debug for Claimed {
     }
 }
 
-/// A row picked by the claim whose previous lease had expired and that may not be sent
-/// again: it was dead-lettered by the claim itself (class `ambiguous`).
+/// A row whose lease had expired and that may not be sent again: dead-lettered by
+/// [`settle_expired`] (class `ambiguous`).
 #[derive(Debug, Clone)]
 pub struct GaveUp {
     /// The message id.
@@ -94,8 +94,8 @@ pub struct GaveUp {
     pub max_attempts: i32,
 }
 
-/// A row picked by the claim whose previous lease had expired and that may be sent again:
-/// it went back to `pending`, due after the retry backoff.
+/// A row whose lease had expired and that may be sent again: [`settle_expired`] made it
+/// `pending`, due after the retry backoff.
 #[derive(Debug, Clone)]
 pub struct Deferred {
     /// The message id.
@@ -112,43 +112,50 @@ pub struct Deferred {
     pub retry_in: Duration,
 }
 
-/// What one claim statement returned.
+/// What one [`settle_expired`] did.
 #[derive(Debug, Default)]
-pub struct ClaimBatch {
-    /// Messages to deliver now.
-    pub claimed: Vec<Claimed>,
+pub struct Settled {
     /// Messages dead-lettered because their lease expired with no retry allowed.
     pub gave_up: Vec<GaveUp>,
     /// Messages whose lease expired, back to `pending` after the retry backoff.
     pub deferred: Vec<Deferred>,
 }
 
+impl Settled {
+    /// How many rows it settled.
+    pub fn len(&self) -> usize {
+        self.gave_up.len() + self.deferred.len()
+    }
+
+    /// True when it settled none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// The parameter types of [`queries::CLAIM`].
-const CLAIM_TYPES: [Type; 7] = [
+const CLAIM_TYPES: [Type; 5] = [
     Type::TEXT_ARRAY,
     Type::INT8,
     Type::TEXT,
     Type::FLOAT8,
-    Type::FLOAT8_ARRAY,
-    Type::FLOAT8,
     Type::UUID,
 ];
 
-/// Claims up to `limit` due messages of `channels` for `worker`, leased for `lease`, and
-/// settles up to `limit` expired leases by `retry`'s schedule.
+/// Claims up to `limit` due messages of `channels` for `worker`, leased for `lease`. A
+/// message whose lease expired is claimed again only once [`settle_expired`] has settled it.
 pub async fn claim<C: GenericClient>(
     client: &C,
     channels: &[Channel],
     limit: usize,
     worker: &str,
     lease: Duration,
-    retry: &RetryPolicy,
-) -> Result<ClaimBatch, tokio_postgres::Error> {
-    let args = ClaimArgs::new(channels, limit, lease, retry);
+) -> Result<Vec<Claimed>, tokio_postgres::Error> {
+    let args = ClaimArgs::new(channels, limit, lease);
     let params = args.params(&worker);
     let typed: Vec<(&(dyn ToSql + Sync), Type)> = params.iter().copied().zip(CLAIM_TYPES).collect();
     let rows = client.query_typed(queries::CLAIM, &typed).await?;
-    Ok(claim_batch(rows))
+    Ok(claimed_rows(rows))
 }
 
 /// [`claim`] through a pooled connection, with the statement prepared once per connection
@@ -159,12 +166,60 @@ pub async fn claim_cached(
     limit: usize,
     worker: &str,
     lease: Duration,
-    retry: &RetryPolicy,
-) -> Result<ClaimBatch, tokio_postgres::Error> {
-    let args = ClaimArgs::new(channels, limit, lease, retry);
+) -> Result<Vec<Claimed>, tokio_postgres::Error> {
+    let args = ClaimArgs::new(channels, limit, lease);
     let params = args.params(&worker);
     let rows = cached(client, queries::CLAIM, &CLAIM_TYPES, &params).await?;
-    Ok(claim_batch(rows))
+    Ok(claimed_rows(rows))
+}
+
+/// Settles up to `limit` expired leases of `channels` ([`queries::SETTLE_EXPIRED`]): each
+/// is an ambiguous attempt, dead-lettered or made `pending` again after `retry`'s backoff.
+pub async fn settle_expired<C: GenericClient>(
+    client: &C,
+    channels: &[Channel],
+    limit: usize,
+    retry: &RetryPolicy,
+) -> Result<Settled, tokio_postgres::Error> {
+    let channels: Vec<&str> = channels.iter().map(|c| c.as_str()).collect();
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let schedule = retry.schedule();
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+        (&channels, Type::TEXT_ARRAY),
+        (&limit, Type::INT8),
+        (&schedule, Type::FLOAT8_ARRAY),
+        (&RetryPolicy::JITTER, Type::FLOAT8),
+    ];
+    let rows = client.query_typed(queries::SETTLE_EXPIRED, &params).await?;
+    let mut settled = Settled::default();
+    for row in rows {
+        let channel: &str = row.get("channel");
+        // The CHECK constraint admits only known channels; skip defensively otherwise.
+        let Some(channel) = Channel::parse(channel) else {
+            continue;
+        };
+        let action: &str = row.get("action");
+        if action == "gave_up" {
+            settled.gave_up.push(GaveUp {
+                id: row.get("id"),
+                key: row.get("message_key"),
+                channel,
+                attempt: row.get("attempts"),
+                max_attempts: row.get("max_attempts"),
+            });
+        } else {
+            let secs: f64 = row.get("retry_in");
+            settled.deferred.push(Deferred {
+                id: row.get("id"),
+                key: row.get("message_key"),
+                channel,
+                attempt: row.get("attempts"),
+                max_attempts: row.get("max_attempts"),
+                retry_in: Duration::try_from_secs_f64(secs).unwrap_or_default(),
+            });
+        }
+    }
+    Ok(settled)
 }
 
 /// Runs a statement prepared once per connection. On an error the connection's cache is
@@ -191,96 +246,62 @@ struct ClaimArgs<'a> {
     channels: Vec<&'a str>,
     limit: i64,
     lease_secs: f64,
-    schedule: Vec<f64>,
-    jitter: f64,
     /// This claim's lease token: random (version 4), from the thread's CSPRNG.
     token: Uuid,
 }
 
 impl<'a> ClaimArgs<'a> {
-    fn new(channels: &'a [Channel], limit: usize, lease: Duration, retry: &RetryPolicy) -> Self {
+    fn new(channels: &'a [Channel], limit: usize, lease: Duration) -> Self {
         ClaimArgs {
             channels: channels.iter().map(|c| c.as_str()).collect(),
             limit: i64::try_from(limit).unwrap_or(i64::MAX),
             lease_secs: lease.as_secs_f64(),
-            schedule: retry.schedule(),
-            jitter: RetryPolicy::JITTER,
             token: uuid::Builder::from_random_bytes(rand::random()).into_uuid(),
         }
     }
 
-    fn params<'b>(&'b self, worker: &'b &str) -> [&'b (dyn ToSql + Sync); 7] {
+    fn params<'b>(&'b self, worker: &'b &str) -> [&'b (dyn ToSql + Sync); 5] {
         [
             &self.channels,
             &self.limit,
             worker,
             &self.lease_secs,
-            &self.schedule,
-            &self.jitter,
             &self.token,
         ]
     }
 }
 
-fn claim_batch(rows: Vec<tokio_postgres::Row>) -> ClaimBatch {
-    let mut batch = ClaimBatch::default();
+fn claimed_rows(rows: Vec<tokio_postgres::Row>) -> Vec<Claimed> {
+    let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
         let channel: &str = row.get("channel");
         // The CHECK constraint admits only known channels; skip defensively otherwise.
         let Some(channel) = Channel::parse(channel) else {
             continue;
         };
-        let action: &str = row.get("action");
-        match action {
-            "gave_up" => {
-                batch.gave_up.push(GaveUp {
-                    id: row.get("id"),
-                    key: row.get("message_key"),
-                    channel,
-                    attempt: row.get("attempts"),
-                    max_attempts: row.get("max_attempts"),
-                });
-                continue;
-            }
-            "deferred" => {
-                let secs: f64 = row.get("retry_in");
-                batch.deferred.push(Deferred {
-                    id: row.get("id"),
-                    key: row.get("message_key"),
-                    channel,
-                    attempt: row.get("attempts"),
-                    max_attempts: row.get("max_attempts"),
-                    retry_in: Duration::try_from_secs_f64(secs).unwrap_or_default(),
-                });
-                continue;
-            }
-            _ => {}
-        }
         let previous_class: Option<&str> = row.get("error_class");
-        batch.claimed.push(Claimed {
+        let payload: String = row.get("payload");
+        let (webhook, routing) = if channel == Channel::Webhook {
+            read_and_route(&payload)
+        } else {
+            (None, Routing::default())
+        };
+        claimed.push(Claimed {
             id: row.get("id"),
             key: row.get("message_key"),
             channel,
-            payload: row.get("payload"),
+            payload,
             attempt: row.get("attempts"),
             max_attempts: row.get("max_attempts"),
             retry_ambiguous: row.get("retry_ambiguous"),
             lease_token: row.get("lease_token"),
             previous_class: previous_class.and_then(ErrorClass::parse),
-            reconcile: false,
-            destination: None,
-            webhook: None,
+            reconcile: routing.reconcile,
+            destination: routing.destination,
+            webhook,
         });
-        if let Some(m) = batch.claimed.last_mut() {
-            if m.channel == Channel::Webhook {
-                let (read, r) = read_and_route(&m.payload);
-                m.webhook = read;
-                m.destination = r.destination;
-                m.reconcile = r.reconcile;
-            }
-        }
     }
-    batch
+    claimed
 }
 
 /// The end of one attempt, ready to be written.

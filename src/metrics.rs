@@ -54,7 +54,7 @@ pub fn attempt(channel: Channel, outcome: AttemptOutcome, duration: Duration) {
         .record(duration.as_secs_f64());
 }
 
-/// Records an attempt whose lease expired, as the claim settled it (`dead`, or
+/// Records an attempt whose lease expired, as the lease sweep settled it (`dead`, or
 /// `lease_lost` when it is retried later): an outcome with no delivery duration of its own.
 pub fn expired(channel: Channel, outcome: AttemptOutcome) {
     metrics::counter!(DELIVERIES_TOTAL, "channel" => channel.as_str(), "outcome" => outcome.as_str())

@@ -41,40 +41,29 @@ pub const CLAIM_SETUP: &str = "SET jit = off; SET plan_cache_mode = force_generi
 pub const HEALTH_CHECK: &str = "SELECT 1";
 
 /// Claim: lease up to `$2` due messages of the channels `$1` for worker `$3`, for `$4`
-/// seconds, in one short committed statement; and settle up to `$2` expired leases.
+/// seconds, in one short committed statement.
 ///
 /// Candidates are `pending` rows whose `run_after` has passed, in `run_after, id` order.
 /// `FOR UPDATE SKIP LOCKED` lets any number of workers claim concurrently without ever
 /// returning one row twice. A claimed row becomes `running` with `attempts + 1` and a fresh
-/// random lease token, `$7`, made by the worker for this claim; every later write about
+/// random lease token, `$5`, made by the worker for this claim; every later write about
 /// this attempt must present that token (see [`COMPLETE`]). The rows of one claim share
 /// it: a write is fenced by the row's id and its token together, and a row claimed again
 /// gets the next claim's token. (`gen_random_uuid()` per row cost the server about a
 /// microsecond each, through OpenSSL and its fork check.)
 ///
-/// A `running` row whose lease expired (its worker died or stalled) is an attempt whose
-/// outcome is unknown: an ambiguous failure, recorded as such in the history, and settled by
-/// `decide`'s rule for one, which `outbox.on_lease_expiry` states (`sql/0008`; since
-/// `sql/0010` with the fact `outbox.reconcilable`, whether the payload names a lookup):
-/// * `dead` (the message neither allows ambiguous retries nor names a lookup, or that was
-///   its last attempt):
-///   dead-lettered here, class `ambiguous`, history outcome `dead`, returned with
-///   `action = 'gave_up'`;
-/// * `pending`: it waits the retry backoff `decide` would have applied, counted from the
-///   moment the lease ran out (`$5`, the schedule's delays in seconds by attempt number,
-///   its last element repeated beyond; `$6`, the share the jitter may take off: both from
-///   [`crate::retry::RetryPolicy`]), history outcome `lease_lost`, returned with
-///   `action = 'deferred'`. A later claim sends it again, under a fresh lease. (Re-sending
-///   at once, as before, hammered a receiver that was slow enough to outlast a lease.)
+/// A `running` row whose lease expired is not this statement's: [`SETTLE_EXPIRED`] makes
+/// it `pending` again (or `dead`), and a later claim takes it like any due row. Settling in
+/// every claim cost PostgreSQL 6 % of its instructions per delivery even when no lease had
+/// expired, which is nearly always (bench/RESULTS.md, issue 17).
 ///
-/// Returns one row per claimed or settled message: `id, message_key, channel, attempts (the
-/// number of this attempt, or of the one whose lease expired), max_attempts, action (`run`,
-/// `gave_up`, `deferred`)`, and for `run` rows `payload` (text), `retry_ambiguous`,
-/// `lease_token`, `error_class` (the class the previous attempt left, as the row holds
-/// it); for `deferred` rows `retry_in` (seconds). Whether the payload names a lookup (the
-/// attempt after an ambiguous one asks first) and where it goes are read from the payload by
-/// the worker (`claim::routing`, the rules of `outbox.reconcilable` and
-/// `outbox.destination_of`), not here: each function call cost 5 to 20 µs a row.
+/// Returns one row per claimed message: `id, message_key, channel, payload (text),
+/// attempts (the number of this attempt), max_attempts, retry_ambiguous, lease_token,
+/// error_class` (the class the previous attempt left, as the row holds it). Whether the
+/// payload names a lookup (the attempt after an ambiguous one asks first) and where it goes
+/// are read from the payload by the worker (`claim::routing`, the rules of
+/// `outbox.reconcilable` and `outbox.destination_of`), not here: each function call cost 5
+/// to 20 µs a row.
 ///
 /// Ordering keys (`sql/0012`): a due row with an `ordering_key` is a candidate only when no
 /// earlier (smaller id) row of its group is `pending` (due or not), `running`, `held` or
@@ -91,13 +80,60 @@ pub const HEALTH_CHECK: &str = "SELECT 1";
 /// not yet committed with a smaller id; the insert trigger rules that out by giving a
 /// keyed row its id only once its group's earlier enqueues have ended (`sql/0012`, 3).
 ///
-/// Shape: ids reach each `UPDATE` as an array (`id = ANY(ARRAY(...))`), so it is an index
+/// Shape: ids reach the `UPDATE` as an array (`id = ANY(ARRAY(...))`), so it is an index
 /// scan on the primary key whatever the table holds. (Joining an `UPDATE` to a CTE of
 /// picked rows let the planner choose a hash join over a sequential scan of the whole
-/// table: a claim then cost time proportional to every row ever kept.) The two settling
-/// `UPDATE`s take disjoint rows (one asks the rule for `dead`, the other for `pending`), and
-/// the history insert reads the expired rows as they were locked (lease owner, start).
+/// table: a claim then cost time proportional to every row ever kept.)
 pub const CLAIM: &str = r#"
+WITH due AS (
+    SELECT id FROM outbox.messages m
+    WHERE state = 'pending' AND run_after <= now() AND channel = ANY($1::text[])
+      AND (m.ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM outbox.messages e
+          WHERE e.ordering_key = m.ordering_key AND e.id < m.id
+            AND e.state IN ('pending', 'running', 'held', 'dead')))
+    ORDER BY run_after, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox.messages m SET
+    state = 'running', attempts = m.attempts + 1, lease_owner = $3::text,
+    lease_token = $5::uuid,
+    lease_expires_at = now() + make_interval(secs => $4::float8),
+    updated_at = now()
+WHERE m.id = ANY(ARRAY(SELECT id FROM due))
+RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts,
+          m.max_attempts, m.retry_ambiguous, m.lease_token, m.error_class
+"#;
+
+/// Settle expired leases: up to `$2` `running` rows of the channels `$1` whose lease ran
+/// out, in `run_after, id` order, in one short committed statement. The daemon runs it
+/// beside the claim loop once per poll interval, and again at once while it comes back
+/// full (`worker::sweep`).
+///
+/// A `running` row whose lease expired (its worker died or stalled) is an attempt whose
+/// outcome is unknown: an ambiguous failure, recorded as such in the history, and settled by
+/// `decide`'s rule for one, which `outbox.on_lease_expiry` states (`sql/0008`; since
+/// `sql/0010` with the fact `outbox.reconcilable`, whether the payload names a lookup):
+/// * `dead` (the message neither allows ambiguous retries nor names a lookup, or that was
+///   its last attempt):
+///   dead-lettered here, class `ambiguous`, history outcome `dead`, returned with
+///   `action = 'gave_up'`;
+/// * `pending`: it waits the retry backoff `decide` would have applied, counted from the
+///   moment the lease ran out (`$3`, the schedule's delays in seconds by attempt number,
+///   its last element repeated beyond; `$4`, the share the jitter may take off: both from
+///   [`crate::retry::RetryPolicy`]), history outcome `lease_lost`, returned with
+///   `action = 'deferred'`. A later claim sends it again, under a fresh lease. (Re-sending
+///   at once, as before, hammered a receiver that was slow enough to outlast a lease.)
+///
+/// Returns one row per settled message: `id, message_key, channel, attempts (the number of
+/// the attempt whose lease expired), max_attempts, action, retry_in` (seconds, for
+/// `deferred` rows).
+///
+/// Shape: as [`CLAIM`]'s, ids reach each `UPDATE` as an array. The two `UPDATE`s take
+/// disjoint rows (one asks the rule for `dead`, the other for `pending`), and the history
+/// insert reads the expired rows as they were locked (lease owner, start).
+pub const SETTLE_EXPIRED: &str = r#"
 WITH expired AS (
     SELECT id, lease_owner, updated_at FROM outbox.messages
     WHERE state = 'running' AND lease_expires_at <= now() AND channel = ANY($1::text[])
@@ -118,8 +154,8 @@ WITH expired AS (
     UPDATE outbox.messages m SET
         state = 'pending', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
         run_after = m.lease_expires_at + make_interval(secs =>
-            ($5::float8[])[least(greatest(m.attempts, 1), cardinality($5::float8[]))]
-            * (1 - $6::float8 * random())),
+            ($3::float8[])[least(greatest(m.attempts, 1), cardinality($3::float8[]))]
+            * (1 - $4::float8 * random())),
         error_class = 'ambiguous',
         last_error = 'lease expired while running: the attempt may have taken effect',
         updated_at = now()
@@ -137,36 +173,12 @@ WITH expired AS (
           UNION ALL
           SELECT id, attempts, 'lease_lost' FROM deferred) s
     JOIN expired e ON e.id = s.id
-), due AS (
-    SELECT id FROM outbox.messages m
-    WHERE state = 'pending' AND run_after <= now() AND channel = ANY($1::text[])
-      AND (m.ordering_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM outbox.messages e
-          WHERE e.ordering_key = m.ordering_key AND e.id < m.id
-            AND e.state IN ('pending', 'running', 'held', 'dead')))
-    ORDER BY run_after, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE outbox.messages m SET
-        state = 'running', attempts = m.attempts + 1, lease_owner = $3::text,
-        lease_token = $7::uuid,
-        lease_expires_at = now() + make_interval(secs => $4::float8),
-        updated_at = now()
-    WHERE m.id = ANY(ARRAY(SELECT id FROM due))
-    RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts,
-              m.max_attempts, m.retry_ambiguous, m.lease_token, m.error_class
 )
-SELECT id, message_key, channel, payload, attempts, max_attempts, retry_ambiguous,
-       lease_token, error_class, NULL::float8 AS retry_in, 'run' AS action
-FROM claimed
-UNION ALL
-SELECT id, message_key, channel, NULL, attempts, max_attempts, NULL, NULL, 'ambiguous',
-       NULL, 'gave_up'
+SELECT id, message_key, channel, attempts, max_attempts, NULL::float8 AS retry_in,
+       'gave_up' AS action
 FROM given_up
 UNION ALL
-SELECT id, message_key, channel, NULL, attempts, max_attempts, NULL, NULL, 'ambiguous',
-       retry_in, 'deferred'
+SELECT id, message_key, channel, attempts, max_attempts, retry_in, 'deferred'
 FROM deferred
 "#;
 

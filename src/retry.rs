@@ -49,7 +49,7 @@ impl RetryPolicy {
     pub const JITTER: f64 = 0.2;
 
     /// The delays without jitter, in seconds, after failed attempts 1, 2, … up to the first
-    /// that reaches `max` (every later one is the same): the table `queries::CLAIM` reads to
+    /// that reaches `max` (every later one is the same): the table `queries::SETTLE_EXPIRED` reads to
     /// back off a message whose lease expired, so that SQL applies this schedule rather
     /// than restating it. Never empty.
     pub fn schedule(&self) -> Vec<f64> {

@@ -20,9 +20,7 @@ use super::db_call::{Backoff, bounded, checkout};
 use super::lane::Lane;
 use super::pace;
 use crate::claim;
-use crate::model::AttemptOutcome;
 use crate::state::DeferReason;
-use crate::support::lock;
 
 /// Most claims in flight at once, over every lane. A claim's statement waits for its
 /// commit to reach the disk before it answers (an attempt is counted before it is sent),
@@ -37,7 +35,7 @@ const CLAIMS_AT_SHUTDOWN: Duration = Duration::from_secs(2);
 
 /// What a claim task ends with: its rows and how long its statement took (from a
 /// connection in hand to the answer), or why it failed.
-type ClaimResult = Result<(claim::ClaimBatch, Duration), String>;
+type ClaimResult = Result<(Vec<claim::Claimed>, Duration), String>;
 
 /// The loop's state between events.
 pub(super) struct ClaimLoop {
@@ -197,7 +195,7 @@ impl ClaimLoop {
     /// A delivery task that panicked sent no `Done`, so the completer will never give its
     /// place back: give it back here, or every such panic would cost the loop a place for
     /// good, until it claimed nothing at all. (Its row keeps its lease, which expires: an
-    /// ambiguous attempt, settled by a later claim.)
+    /// ambiguous attempt, settled by the lease sweep.)
     fn give_back_if_panicked(&self, ended: Result<(), tokio::task::JoinError>) {
         if let Err(e) = ended {
             if e.is_panic() {
@@ -249,8 +247,7 @@ impl ClaimLoop {
                 let Ok(Ok((batch, _))) = done else {
                     continue;
                 };
-                log_expired(&shared, &batch.gave_up, &batch.deferred);
-                for msg in batch.claimed {
+                for msg in batch {
                     shared.inflight.fetch_add(1, Ordering::SeqCst);
                     let _ = self
                         .done_tx
@@ -341,16 +338,10 @@ impl ClaimLoop {
                 bounded(async {
                     let client = checkout(&shared.pools.hot).await?;
                     let t = Instant::now();
-                    let batch = claim::claim_cached(
-                        &client,
-                        &channels,
-                        want,
-                        &cfg.worker_id,
-                        cfg.lease,
-                        &cfg.retry,
-                    )
-                    .await
-                    .map_err(|e| crate::db::describe(&e))?;
+                    let batch =
+                        claim::claim_cached(&client, &channels, want, &cfg.worker_id, cfg.lease)
+                            .await
+                            .map_err(|e| crate::db::describe(&e))?;
                     Ok((batch, t.elapsed()))
                 })
                 .await
@@ -393,12 +384,9 @@ impl ClaimLoop {
             }
         };
         self.db_backoff.reset();
-        log_expired(&shared, &batch.gave_up, &batch.deferred);
-        // Expired leases settled by the claim took places in the batch too: a full
-        // batch, whatever it held, means another claim may find more.
-        let picked = batch.claimed.len() + batch.gave_up.len() + batch.deferred.len();
-        crate::metrics::claim_batch(batch.claimed.len());
-        for msg in batch.claimed {
+        let picked = batch.len();
+        crate::metrics::claim_batch(picked);
+        for msg in batch {
             // An open circuit: the row goes back unsent and uncounted, without a task
             // (the delivery task never touches the database).
             if let Some(host) = &msg.destination {
@@ -456,38 +444,6 @@ impl ClaimLoop {
                     false
                 }
             }
-    }
-}
-
-/// Logs the rows whose expired lease a claim settled: dead-lettered, or due again later.
-fn log_expired(shared: &Shared, gave_up: &[claim::GaveUp], deferred: &[claim::Deferred]) {
-    for d in deferred {
-        tracing::warn!(
-            message_id = d.id,
-            key = %crate::text::Escaped(&d.key),
-            channel = %d.channel,
-            attempt = %format_args!("{}/{}", d.attempt, d.max_attempts),
-            outcome = "lease_lost",
-            error_class = "ambiguous",
-            retry_in_ms = d.retry_in.as_millis() as u64,
-            "lease expired while running; the outcome is unknown; retry scheduled"
-        );
-        crate::metrics::expired(d.channel, AttemptOutcome::LeaseLost);
-    }
-    for g in gave_up {
-        tracing::warn!(
-            message_id = g.id,
-            key = %crate::text::Escaped(&g.key),
-            channel = %g.channel,
-            attempt = %format_args!("{}/{}", g.attempt, g.max_attempts),
-            outcome = "dead",
-            error_class = "ambiguous",
-            "lease expired while running and no retry is allowed; dead-lettered"
-        );
-        crate::metrics::expired(g.channel, AttemptOutcome::Dead);
-    }
-    if !gave_up.is_empty() {
-        lock(&shared.summary).dead += gave_up.len() as u64;
     }
 }
 

@@ -8,9 +8,9 @@ use std::sync::atomic::Ordering;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::Shared;
 use super::attempt::{AttemptLog, Deferred, Done};
 use super::db_call::{Backoff, bounded, checkout};
+use super::{ALARM_MARGIN, Shared};
 use crate::claim::{self, Completion};
 use crate::model::{AttemptOutcome, ErrorClass};
 use crate::support::lock;
@@ -153,9 +153,6 @@ pub(super) async fn completer(
         shared.wake.notify_one();
     }
 }
-
-/// How long after a deferred message's due time the claim loop looks for it.
-const ALARM_MARGIN: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// One line per deferral, `deferred=<reason>`; a row whose lease was no longer ours was
 /// not touched and says so.

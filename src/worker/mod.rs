@@ -26,13 +26,13 @@
 //! for), `pace` (how many rows to claim ahead of the free slots), `attempt` (one delivery
 //! task), `completer` (batched writes and the attempt log), `wakeup` (LISTEN and the idle
 //! mark), `db_call` (bounded database calls, back-off), `pools` (which connections run
-//! which statements, and with what settings), and [`maintenance`] (retention, beside the
-//! loop).
+//! which statements, and with what settings), `sweep` (expired leases, beside the loop)
+//! and [`maintenance`] (retention, beside the loop).
 //!
 //! Database errors anywhere are logged and retried with back-off; nothing is dropped.
 //! A completion that cannot be written before the process exits is not lost either: the
-//! row stays `running`, its lease expires, and the next claim records the attempt as
-//! ambiguous.
+//! row stays `running`, its lease expires, and the lease sweep ([`sweep`]) records the
+//! attempt as ambiguous.
 
 mod attempt;
 mod breakers;
@@ -44,6 +44,7 @@ mod lane;
 pub mod maintenance;
 mod pace;
 mod pools;
+mod sweep;
 mod wakeup;
 
 pub use pools::{PLAN_REFRESH, Pools};
@@ -128,6 +129,9 @@ struct Shared {
 
 /// Most alarms kept: beyond this a deferred message is found by the next poll instead.
 const MAX_ALARMS: usize = 4096;
+
+/// How long after a deferred message's due time the claim loop looks for it.
+const ALARM_MARGIN: Duration = Duration::from_millis(5);
 
 impl Shared {
     /// Wakes the idle claim loop at `at`.
@@ -226,6 +230,7 @@ impl Worker {
             watch_every,
             watch_stop.clone(),
         ));
+        let sweep = tokio::spawn(sweep::expired_leases(shared.clone(), watch_stop.clone()));
         let mut claims = ClaimLoop::new(shared.clone(), done_tx, idle_tx);
         claims.run(shutdown).await;
         let (tasks, done_tx) = claims.into_parts();
@@ -233,6 +238,7 @@ impl Worker {
         let completed = shut_down(&shared, tasks, done_tx, completer, hard_stop).await;
         watch_stop.cancel();
         let _ = watch.await;
+        let _ = sweep.await;
         if let Some(l) = listener {
             l.abort();
         }

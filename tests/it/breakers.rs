@@ -370,8 +370,6 @@ async fn an_open_host_with_a_deep_backlog_does_not_make_the_claim_spin() {
                 &64i64,
                 &"explain",
                 &30.0f64,
-                &vec![1.0f64],
-                &0.0f64,
                 &uuid::Uuid::nil(),
             ],
         )

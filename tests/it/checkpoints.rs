@@ -280,11 +280,10 @@ async fn held_rows_from_every_path_are_never_claimed() {
             100,
             "w",
             Duration::from_secs(30),
-            &outboxd::retry::RetryPolicy::default(),
         )
         .await
         .unwrap();
-        let mut keys: Vec<String> = batch.claimed.iter().map(|m| m.key.clone()).collect();
+        let mut keys: Vec<String> = batch.iter().map(|m| m.key.clone()).collect();
         keys.sort();
         assert!(
             keys.is_empty() || keys == ["many:2", "rust:2"],
@@ -531,7 +530,6 @@ async fn cancel_and_claim_race_never_both_win() {
                 10,
                 "racer",
                 Duration::from_secs(30),
-                &outboxd::retry::RetryPolicy::default(),
             )
             .await
             .unwrap()
@@ -547,7 +545,7 @@ async fn cancel_and_claim_race_never_both_win() {
             .await
         };
         let (batch, cancelled) = tokio::join!(claim, cancel);
-        let claimed = batch.claimed.iter().any(|m| m.id == id);
+        let claimed = batch.iter().any(|m| m.id == id);
         let state = row(&db, &key).await.state;
         match cancelled {
             Ok(rows) => {
@@ -574,11 +572,10 @@ async fn cancel_and_claim_race_never_both_win() {
             10,
             "later",
             Duration::from_secs(30),
-            &outboxd::retry::RetryPolicy::default(),
         )
         .await
         .unwrap();
-        assert!(later.claimed.iter().all(|m| m.id != id), "round {round}");
+        assert!(later.iter().all(|m| m.id != id), "round {round}");
     }
     assert_eq!(cancels + claims, 200);
     eprintln!("cancel won {cancels} rounds, the claim {claims}");

@@ -157,12 +157,10 @@ async fn the_claim_names_each_messages_destination() {
         10,
         "w",
         std::time::Duration::from_secs(30),
-        &outboxd::retry::RetryPolicy::default(),
     )
     .await
     .unwrap();
     let mut got: Vec<_> = batch
-        .claimed
         .iter()
         .map(|m| (m.key.clone(), m.destination.clone()))
         .collect();

@@ -25,14 +25,19 @@ async fn claim_n(
     n: usize,
     worker: &str,
     lease: Duration,
-) -> claim::ClaimBatch {
-    claim::claim(c, WEBHOOK, n, worker, lease, &NO_BACKOFF)
+) -> Vec<claim::Claimed> {
+    claim::claim(c, WEBHOOK, n, worker, lease).await.unwrap()
+}
+
+/// One lease sweep of up to `n` expired webhook leases, with no backoff.
+async fn settle_n(c: &tokio_postgres::Client, n: usize) -> claim::Settled {
+    claim::settle_expired(c, WEBHOOK, n, &NO_BACKOFF)
         .await
         .unwrap()
 }
 
-/// No wait before a message whose lease expired is due again: the claim after the one that
-/// settles the expiry takes it over.
+/// No wait before a message whose lease expired is due again: the claim after the sweep
+/// that settles the expiry takes it over.
 const NO_BACKOFF: RetryPolicy = RetryPolicy {
     base: Duration::ZERO,
     max: Duration::ZERO,
@@ -71,10 +76,10 @@ async fn concurrent_claims_never_return_one_row_twice() {
     enqueue_n(&db, "c", "https://example.com/h", 100).await;
     let (a, b) = (db.client().await, db.client().await);
     let (ra, rb) = tokio::join!(
-        claim::claim(&a, WEBHOOK, 60, "wa", Duration::from_secs(60), &NO_BACKOFF),
-        claim::claim(&b, WEBHOOK, 60, "wb", Duration::from_secs(60), &NO_BACKOFF),
+        claim::claim(&a, WEBHOOK, 60, "wa", Duration::from_secs(60)),
+        claim::claim(&b, WEBHOOK, 60, "wb", Duration::from_secs(60)),
     );
-    let (ra, rb) = (ra.unwrap().claimed, rb.unwrap().claimed);
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
     let mut seen = HashMap::new();
     for c in ra.iter().chain(rb.iter()) {
         assert!(
@@ -129,18 +134,21 @@ async fn a_stale_worker_changes_nothing() {
     enqueue_webhook(&db, "stale:1", "https://example.com/h", 3, true).await;
     let c = db.client().await;
     // The stale worker claims with a short lease, then stalls past it.
-    let old = claim_n(&c, 1, "w-stale", Duration::from_millis(300))
-        .await
-        .claimed;
+    let old = claim_n(&c, 1, "w-stale", Duration::from_millis(300)).await;
     assert_eq!(old.len(), 1);
     wait_for_leases_to_expire(&db).await;
-    // Another worker's claim settles the expired lease (back to pending, due at once with
-    // no backoff), and its next claim takes the row over and delivers.
-    let settled = claim_n(&c, 1, "w-new", Duration::from_secs(60)).await;
-    assert_eq!((settled.claimed.len(), settled.deferred.len()), (0, 1));
-    let new = claim_n(&c, 1, "w-new", Duration::from_secs(60))
-        .await
-        .claimed;
+    // A claim leaves the expired lease alone; another worker's sweep settles it (back to
+    // pending, due at once with no backoff), and its next claim takes the row over and
+    // delivers.
+    assert!(
+        claim_n(&c, 1, "w-new", Duration::from_secs(60))
+            .await
+            .is_empty()
+    );
+    assert_eq!(row_state(&db, "stale:1").await, "running");
+    let settled = settle_n(&c, 10).await;
+    assert_eq!((settled.gave_up.len(), settled.deferred.len()), (0, 1));
+    let new = claim_n(&c, 1, "w-new", Duration::from_secs(60)).await;
     assert_eq!(new.len(), 1);
     assert_eq!(new[0].attempt, 2);
     assert_ne!(new[0].lease_token, old[0].lease_token);
@@ -181,7 +189,7 @@ async fn a_batch_of_completions_is_fenced_row_by_row() {
     let db = TestDb::new().await;
     enqueue_n(&db, "mix", "https://example.com/h", 2).await;
     let c = db.client().await;
-    let claimed = claim_n(&c, 2, "w", Duration::from_secs(60)).await.claimed;
+    let claimed = claim_n(&c, 2, "w", Duration::from_secs(60)).await;
     let mut forged = completion(&claimed[1], Transition::Delivered);
     forged.lease_token = uuid::Uuid::from_u128(rand::random());
     let outcomes = claim::complete(
@@ -228,9 +236,7 @@ async fn completion_sql_agrees_with_the_state_machine() {
     ];
     enqueue_n(&db, "sm", "https://example.com/h", transitions.len()).await;
     let c = db.client().await;
-    let mut claimed = claim_n(&c, transitions.len(), "w", Duration::from_secs(60))
-        .await
-        .claimed;
+    let mut claimed = claim_n(&c, transitions.len(), "w", Duration::from_secs(60)).await;
     claimed.sort_by_key(|m| m.id);
     let batch: Vec<Completion> = claimed
         .iter()
@@ -290,7 +296,7 @@ async fn wait_for_leases_to_expire(db: &TestDb) {
 async fn claim_and_abandon(db: &TestDb, n: usize) {
     let c = db.client().await;
     let got = claim_n(&c, n, "w-dead", Duration::from_millis(200)).await;
-    assert_eq!(got.claimed.len(), n);
+    assert_eq!(got.len(), n);
     wait_for_leases_to_expire(db).await;
 }
 
@@ -328,6 +334,37 @@ async fn an_expired_lease_on_the_last_attempt_dead_letters_as_ambiguous() {
             false
         )]
     );
+}
+
+/// A dead worker's many expired leases are settled by another worker's lease sweep in
+/// full batches one after another, not one batch per poll interval, and each batch wakes
+/// the claim loop: with a 30 s poll interval, 300 rows in batches of 40 are all delivered
+/// again long before the second interval. (A sweep that waited an interval between full
+/// batches would take four minutes; one that did not wake the loop would leave the rows
+/// pending until the next poll.)
+#[tokio::test]
+async fn a_sweep_settles_a_dead_workers_leases_in_full_batches_at_once() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    enqueue_n(&db, "swept", &rx.url("/h"), 300).await;
+    claim_and_abandon(&db, 300).await;
+    let cfg = outboxd::config::WorkerConfig {
+        poll_interval: Duration::from_secs(30),
+        batch_size: 40,
+        ..test_worker_config("sweeper")
+    };
+    let w = RunningWorker::start(&db, cfg, test_webhook_config());
+    let c = db.client().await;
+    wait_for_count(&c, "delivered", 300, Duration::from_secs(20)).await;
+    w.stop().await;
+    let lost: i64 = db
+        .scalar("SELECT count(*) FROM outbox.attempts WHERE outcome = 'lease_lost' AND worker = 'w-dead' AND error_class = 'ambiguous'")
+        .await;
+    assert_eq!(
+        lost, 300,
+        "each expired lease is one ambiguous attempt in the history"
+    );
+    assert_eq!(rx.requests().len(), 300, "each sent once, by the sweeper");
 }
 
 #[tokio::test]
@@ -415,7 +452,7 @@ async fn release_gives_back_unstarted_rows_without_counting_the_attempt() {
     let db = TestDb::new().await;
     enqueue_n(&db, "rel", "https://example.com/h", 3).await;
     let c = db.client().await;
-    let claimed = claim_n(&c, 3, "w", Duration::from_secs(60)).await.claimed;
+    let claimed = claim_n(&c, 3, "w", Duration::from_secs(60)).await;
     let rows: Vec<_> = claimed.iter().map(|m| (m.id, m.lease_token)).collect();
     let mut released = claim::release(&c, "w", &rows).await.unwrap();
     released.sort();
@@ -429,7 +466,7 @@ async fn release_gives_back_unstarted_rows_without_counting_the_attempt() {
         vec![(1, "released".to_owned(), None, None, false)]
     );
     // Claimed again, it is attempt 1 again.
-    let again = claim_n(&c, 3, "w", Duration::from_secs(60)).await.claimed;
+    let again = claim_n(&c, 3, "w", Duration::from_secs(60)).await;
     assert!(again.iter().all(|m| m.attempt == 1));
 }
 
@@ -450,7 +487,7 @@ async fn deferral_sql_agrees_with_the_state_machine() {
         .await
         .unwrap()
         .get(0);
-    let mut claimed = claim_n(&c, 2, "w", Duration::from_secs(60)).await.claimed;
+    let mut claimed = claim_n(&c, 2, "w", Duration::from_secs(60)).await;
     claimed.sort_by_key(|m| m.id);
     assert!(claimed.iter().all(|m| m.attempt == 1));
     for reason in DeferReason::ALL {
@@ -505,7 +542,7 @@ async fn deferral_sql_agrees_with_the_state_machine() {
     )
     .await
     .unwrap();
-    let again = claim_n(&c, 2, "w", Duration::from_secs(60)).await.claimed;
+    let again = claim_n(&c, 2, "w", Duration::from_secs(60)).await;
     assert_eq!(again.len(), 1);
     assert_eq!((again[0].id, again[0].attempt), (claimed[0].id, 1));
 }
@@ -621,27 +658,25 @@ async fn enqueue_due_ago(db: &TestDb, key: &str, ago: Duration) {
 }
 
 /// The contract's claim order, `run_after, id`, holds across pending rows and expired leases:
-/// a row whose lease expired is settled by the first claim that sees it, due again at the
-/// expiry plus the backoff (none here), and then claimed in its place in that order.
+/// a row whose lease expired is settled by the lease sweep, due again at the expiry plus the
+/// backoff (none here), and then claimed in its place in that order.
 #[tokio::test]
 async fn claims_take_expired_leases_and_due_rows_in_run_after_order() {
     let db = TestDb::new().await;
     let c = db.client().await;
     enqueue_due_ago(&db, "order:expired", Duration::from_secs(3600)).await;
-    let first = claim_n(&c, 1, "w-dead", Duration::from_millis(200))
-        .await
-        .claimed;
+    let first = claim_n(&c, 1, "w-dead", Duration::from_millis(200)).await;
     assert_eq!(first[0].key, "order:expired");
     enqueue_due_ago(&db, "order:older", Duration::from_secs(7200)).await;
     wait_for_leases_to_expire(&db).await;
+    let settled = settle_n(&c, 10).await;
+    assert_eq!(settled.deferred[0].key, "order:expired");
     let next = claim_n(&c, 1, "w2", Duration::from_secs(60)).await;
-    assert_eq!(next.deferred[0].key, "order:expired");
-    let next = next.claimed;
     assert_eq!(
         next[0].key, "order:older",
         "the pending row due earlier comes first"
     );
-    let then = claim_n(&c, 1, "w2", Duration::from_secs(60)).await.claimed;
+    let then = claim_n(&c, 1, "w2", Duration::from_secs(60)).await;
     assert_eq!(
         (then[0].key.as_str(), then[0].attempt),
         ("order:expired", 2)
@@ -658,14 +693,12 @@ async fn a_stale_and_a_current_completion_in_one_batch() {
     let db = TestDb::new().await;
     enqueue_webhook(&db, "twice:1", "https://example.com/h", 3, true).await;
     let c = db.client().await;
-    let old = claim_n(&c, 1, "w", Duration::from_millis(200))
-        .await
-        .claimed;
+    let old = claim_n(&c, 1, "w", Duration::from_millis(200)).await;
     wait_for_leases_to_expire(&db).await;
-    // The first claim settles the expired lease; the second takes the row over.
-    let settled = claim_n(&c, 1, "w", Duration::from_secs(60)).await;
+    // The sweep settles the expired lease; the claim takes the row over.
+    let settled = settle_n(&c, 10).await;
     assert_eq!(settled.deferred.len(), 1);
-    let new = claim_n(&c, 1, "w", Duration::from_secs(60)).await.claimed;
+    let new = claim_n(&c, 1, "w", Duration::from_secs(60)).await;
     let batch = [
         completion(
             &old[0],
@@ -768,9 +801,9 @@ async fn a_worker_whose_lease_fits_no_attempt_refuses_to_run() {
     );
 }
 
-/// The claim's lease-expiry arm and `decide` state one rule: for every (retry_ambiguous,
-/// attempts, max_attempts), `outbox.on_lease_expiry` (which `queries::CLAIM` asks) gives
-/// the state `decide(Some(Ambiguous), …)` leads to, and the claim itself writes it.
+/// The lease sweep and `decide` state one rule: for every (retry_ambiguous, attempts,
+/// max_attempts), `outbox.on_lease_expiry` (which `queries::SETTLE_EXPIRED` asks) gives the
+/// state `decide(Some(Ambiguous), …)` leads to, and the sweep itself writes it.
 #[tokio::test]
 async fn lease_expiry_sql_agrees_with_the_state_machine() {
     use outboxd::retry::RetryPolicy;
@@ -806,7 +839,7 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             }
         }
     }
-    // The overload with the reconcile fact (sql/0010), which the claim asks: a message that
+    // The overload with the reconcile fact (sql/0010), which the sweep asks: a message that
     // names a lookup goes on to another attempt (which asks first) without retry_ambiguous.
     for retry_ambiguous in [false, true] {
         for reconcile in [false, true] {
@@ -832,7 +865,7 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             }
         }
     }
-    // And the claim writes what the rule says, for each kind of expired row.
+    // And the sweep writes what the rule says, for each kind of expired row.
     // A retried one is due at its lease's expiry plus the delay decide gives, within the
     // jitter (the expiry is pinned to a past instant, so the difference is exact).
     let plain = r#"{"url": "https://example.com/"}"#;
@@ -869,16 +902,9 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             )
             .await
             .unwrap();
-        let batch = claim::claim(
-            &client,
-            &[Channel::Webhook],
-            10,
-            "w2",
-            Duration::from_secs(60),
-            &policy,
-        )
-        .await
-        .unwrap();
+        let batch = claim::settle_expired(&client, &[Channel::Webhook], 10, &policy)
+            .await
+            .unwrap();
         let budget = Budget {
             attempt: *attempts,
             max_attempts: *max_attempts,
@@ -893,7 +919,6 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             }
             Transition::Retry { delay, .. } => {
                 assert_eq!(batch.deferred.len(), 1, "{budget:?}");
-                assert!(batch.claimed.is_empty(), "not sent at once: {budget:?}");
                 let r = client
                     .query_one(
                         "SELECT state, attempts,
@@ -947,12 +972,11 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             10,
             "w3",
             Duration::from_secs(60),
-            &policy,
         )
         .await
         .unwrap();
-        assert_eq!(batch.claimed.len(), 1, "{key}");
-        assert_eq!(batch.claimed[0].previous_class, Some(ErrorClass::Ambiguous));
-        assert_eq!(batch.claimed[0].reconcile, *payload == reconciling, "{key}");
+        assert_eq!(batch.len(), 1, "{key}");
+        assert_eq!(batch[0].previous_class, Some(ErrorClass::Ambiguous));
+        assert_eq!(batch[0].reconcile, *payload == reconciling, "{key}");
     }
 }

@@ -18,15 +18,10 @@ use common::binary::{outboxd, run};
 use common::*;
 use outboxd::claim::{self, Completion};
 use outboxd::model::{Channel, ErrorClass};
-use outboxd::retry::RetryPolicy;
 use outboxd::state::Transition;
 use outboxd::{EnqueueError, NewMessage};
 
 const WEBHOOK: &[Channel] = &[Channel::Webhook];
-const NO_BACKOFF: RetryPolicy = RetryPolicy {
-    base: Duration::ZERO,
-    max: Duration::ZERO,
-};
 
 /// A webhook in group `g` (or none) with its place `seq` in the body.
 fn msg(key: &str, url: &str, g: Option<&str>, seq: usize) -> NewMessage {
@@ -58,10 +53,9 @@ async fn enqueue_groups(db: &TestDb, url: &str, groups: usize, per: usize, keyle
 }
 
 async fn claim_n(c: &tokio_postgres::Client, n: usize, worker: &str) -> Vec<claim::Claimed> {
-    let mut got = claim::claim(c, WEBHOOK, n, worker, Duration::from_secs(60), &NO_BACKOFF)
+    let mut got = claim::claim(c, WEBHOOK, n, worker, Duration::from_secs(60))
         .await
-        .unwrap()
-        .claimed;
+        .unwrap();
     got.sort_by_key(|m| m.id);
     got
 }

@@ -399,7 +399,7 @@ async fn terminated_database_connections_lose_nothing() {
         // Each kind only until it has been hit enough: killing every claim would stop the
         // worker from ever completing anything.
         if claims_killed < 5 {
-            claims_killed += kill("%WITH expired AS%").await;
+            claims_killed += kill("%WITH due AS%").await;
         }
         if completions_killed < 5 {
             completions_killed += kill("%), done AS (%").await;

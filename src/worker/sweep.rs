@@ -1,0 +1,101 @@
+//! The lease sweep, beside the claim loop: settles the leases that expired (a worker died
+//! or stalled past its lease) as ambiguous attempts, once per poll interval.
+//!
+//! Why not in every claim, as it once was: nearly always no lease has expired, and asking
+//! in every claim cost PostgreSQL 6 % of its instructions per delivery all the same
+//! (bench/RESULTS.md, issue 17). The price is time: an expired lease is settled up to one
+//! poll interval after it runs out, rather than at the next claim. A lease is tens of
+//! seconds; the poll interval is a second by default.
+//!
+//! A sweep that comes back full runs again at once, so a dead worker's thousand rows are
+//! settled in a few statements, not one batch per interval. A settled row that may be sent
+//! again is `pending`, due after the retry backoff; the claim loop is woken, and given an
+//! alarm for when it comes due, so it is claimed then rather than at the next poll.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::db_call::{Backoff, bounded, checkout};
+use super::{ALARM_MARGIN, Shared};
+use crate::claim;
+use crate::model::AttemptOutcome;
+use crate::support::lock;
+
+/// Sweeps until `stop` fires. The stop is checked between sweeps, never during one: a
+/// sweep that has settled rows logs and counts them before the worker's summary is read.
+pub(super) async fn expired_leases(shared: Arc<Shared>, stop: CancellationToken) {
+    let cfg = &shared.cfg;
+    let mut backoff = Backoff::new();
+    loop {
+        let swept = bounded(async {
+            let client = checkout(&shared.pools.general).await?;
+            claim::settle_expired(&**client, &cfg.channels, cfg.batch_size, &cfg.retry)
+                .await
+                .map_err(|e| crate::db::describe(&e))
+        })
+        .await;
+        let wait = match swept {
+            Ok(settled) => {
+                backoff.reset();
+                let full = settled.len() >= cfg.batch_size;
+                if !settled.is_empty() {
+                    settle(&shared, &settled);
+                }
+                if full && !stop.is_cancelled() {
+                    continue;
+                }
+                cfg.poll_interval
+            }
+            Err(e) => {
+                let wait = backoff.next();
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "lease sweep failed; retrying");
+                wait
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Logs and counts what a sweep settled, and tells the claim loop when the rows made
+/// `pending` come due.
+fn settle(shared: &Shared, settled: &claim::Settled) {
+    let now = Instant::now();
+    for d in &settled.deferred {
+        tracing::warn!(
+            message_id = d.id,
+            key = %crate::text::Escaped(&d.key),
+            channel = %d.channel,
+            attempt = %format_args!("{}/{}", d.attempt, d.max_attempts),
+            outcome = "lease_lost",
+            error_class = "ambiguous",
+            retry_in_ms = d.retry_in.as_millis() as u64,
+            "lease expired while running; the outcome is unknown; retry scheduled"
+        );
+        crate::metrics::expired(d.channel, AttemptOutcome::LeaseLost);
+        if !d.retry_in.is_zero() {
+            shared.alarm(now + d.retry_in + ALARM_MARGIN);
+        }
+    }
+    for g in &settled.gave_up {
+        tracing::warn!(
+            message_id = g.id,
+            key = %crate::text::Escaped(&g.key),
+            channel = %g.channel,
+            attempt = %format_args!("{}/{}", g.attempt, g.max_attempts),
+            outcome = "dead",
+            error_class = "ambiguous",
+            "lease expired while running and no retry is allowed; dead-lettered"
+        );
+        crate::metrics::expired(g.channel, AttemptOutcome::Dead);
+    }
+    if !settled.gave_up.is_empty() {
+        lock(&shared.summary).dead += settled.gave_up.len() as u64;
+    }
+    // Rows due now are claimed at once; the loop also reads the alarms set above.
+    shared.wake.notify_one();
+}
