@@ -1280,14 +1280,14 @@ async fn ceiling(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let url = fresh_db(o, "bench_ceiling").await?;
     let client = connect(&url).await?;
     let payload = o.payload(&o.sink);
-    // The claim, as a statement whose result pgbench can \gset: its final SELECT (the
-    // claimed rows and the settled ones) becomes an aggregate of the arrays COMPLETE needs.
+    // The claim, as a statement whose result pgbench can \gset: its UPDATE becomes a CTE,
+    // and its rows an aggregate of the arrays COMPLETE needs.
     let claim = outboxd::queries::CLAIM.trim();
-    let last = claim
-        .rfind("SELECT id, message_key, channel, payload, attempts")
+    let update = claim
+        .find(")\nUPDATE outbox.messages m SET")
         .context("claim shape")?;
     let claim_cte = format!(
-        "{}\nSELECT coalesce(array_agg(id), '{{}}') AS ids, \
+        "{}), claimed AS ({}\n)\nSELECT coalesce(array_agg(id), '{{}}') AS ids, \
          coalesce(array_agg(lease_token), '{{}}') AS tokens, \
          coalesce(array_agg('delivered'::text), '{{}}') AS states, \
          coalesce(array_agg(0::float8), '{{}}') AS delays, \
@@ -1298,7 +1298,8 @@ async fn ceiling(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
          coalesce(array_agg(204), '{{}}') AS statuses, \
          coalesce(array_agg(false), '{{}}') AS dedups, \
          coalesce(array_agg(now()), '{{}}') AS started FROM claimed",
-        claim[..last].trim_end(),
+        &claim[..update],
+        &claim[update + 1..],
     );
     // pgbench takes one statement per line: drop the SQL comments, then join the lines.
     let one_line = |s: &str| {
@@ -1313,10 +1314,8 @@ async fn ceiling(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         .replace("$2", ":batch")
         .replace("$3::text", "'pgbench'::text")
         .replace("$4::float8", "60::float8")
-        .replace("$5::float8[]", "'{5}'::float8[]")
-        .replace("$6::float8", "0::float8")
         // The worker makes one token per claim.
-        .replace("$7::uuid", "(SELECT gen_random_uuid())");
+        .replace("$5::uuid", "(SELECT gen_random_uuid())");
     let complete_line = one_line(outboxd::queries::COMPLETE)
         .replace("$10", ":statuses")
         .replace("$11", ":dedups")
