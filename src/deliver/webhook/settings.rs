@@ -155,8 +155,15 @@ impl SigningKeys {
                     crate::text::stripped(var, 80)
                 )));
             }
-            keys.named
-                .insert(name.to_owned(), parse_secrets(var, value.expose())?);
+            let parsed = parse_secrets(var, value.expose())?;
+            // Two entries of one variable (an environment built by hand, or two names made
+            // one by a lossy decoding): which one signs must not depend on their order.
+            if keys.named.insert(name.to_owned(), parsed).is_some() {
+                return Err(ConfigError(format!(
+                    "{}: set more than once; give each named secret one variable (several keys go in one value, space-separated)",
+                    crate::text::stripped(var, 80)
+                )));
+            }
         }
         Ok(keys)
     }
@@ -261,6 +268,14 @@ mod tests {
                 None,
                 vec![("OUTBOXD_WEBHOOK_SECRET_".to_owned(), a.into())],
                 "NAME of upper-case letters",
+            ),
+            (
+                None,
+                vec![
+                    ("OUTBOXD_WEBHOOK_SECRET_X".to_owned(), a.into()),
+                    ("OUTBOXD_WEBHOOK_SECRET_X".to_owned(), b.into()),
+                ],
+                "OUTBOXD_WEBHOOK_SECRET_X: set more than once",
             ),
         ] {
             let err = SigningKeys::from_values(default, &named)
