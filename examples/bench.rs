@@ -1020,13 +1020,13 @@ async fn explain_claim(client: &Client) -> anyhow::Result<Vec<String>> {
         .await?;
     client
         .batch_execute(&format!(
-            "PREPARE bench_claim(text[], bigint, text, float8, float8[], float8, uuid) AS {}",
+            "PREPARE bench_claim(text[], bigint, text, float8, uuid) AS {}",
             outboxd::queries::CLAIM
         ))
         .await?;
     let rows = client
         .query(
-            "EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim('{webhook}', 64, 'bench', 60, '{5}', 0, \
+            "EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim('{webhook}', 64, 'bench', 60, \
              gen_random_uuid())",
             &[],
         )

@@ -236,7 +236,8 @@ pub struct RunArgs {
         value_name = "N"
     )]
     pub batch_size: usize,
-    /// How often to look for due messages when no notification arrives.
+    /// How often to look for due messages when no notification arrives, and for expired
+    /// leases (a dead worker's messages) in any case.
     #[arg(long, env = "OUTBOXD_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
     pub poll_interval: Duration,
     /// How long a claim lasts; a worker that dies loses its messages after this.

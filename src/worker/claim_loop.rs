@@ -184,6 +184,7 @@ impl ClaimLoop {
                 }
                 // Anything may be due again: every lane may claim.
                 Event::Woken | Event::Timer => {
+                    self.shared.alarms_served();
                     for lane in &mut self.lanes {
                         lane.armed = true;
                     }

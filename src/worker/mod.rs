@@ -142,14 +142,20 @@ impl Shared {
         }
     }
 
-    /// The next alarm after now, dropping those that have passed.
+    /// The earliest alarm, even one that has passed: an alarm that passed while the loop was
+    /// busy still wakes it once ([`Shared::alarms_served`] drops it then). Dropping it here
+    /// instead lost it: the row it was for waited for the next poll.
     fn next_alarm(&self) -> Option<Instant> {
+        lock(&self.alarms).peek().map(|Reverse(at)| *at)
+    }
+
+    /// Drops the alarms that have passed: the loop has just armed every lane.
+    fn alarms_served(&self) {
         let mut alarms = lock(&self.alarms);
         let now = Instant::now();
         while alarms.peek().is_some_and(|Reverse(at)| *at <= now) {
             alarms.pop();
         }
-        alarms.peek().map(|Reverse(at)| *at)
     }
 }
 
@@ -230,15 +236,22 @@ impl Worker {
             watch_every,
             watch_stop.clone(),
         ));
-        let sweep = tokio::spawn(sweep::expired_leases(shared.clone(), watch_stop.clone()));
+        let sweep_stop = CancellationToken::new();
+        let sweep = tokio::spawn(sweep::expired_leases(shared.clone(), sweep_stop.clone()));
         let mut claims = ClaimLoop::new(shared.clone(), done_tx, idle_tx);
         claims.run(shutdown).await;
+        // No more sweeps once the loop stops claiming: what they settled would not be claimed
+        // by this worker, and one started now could hold the stop up by a database timeout.
+        sweep_stop.cancel();
         let (tasks, done_tx) = claims.into_parts();
 
         let completed = shut_down(&shared, tasks, done_tx, completer, hard_stop).await;
         watch_stop.cancel();
         let _ = watch.await;
-        let _ = sweep.await;
+        // Before the summary is read: a sweep in progress counts what it settled first.
+        if let Err(e) = sweep.await {
+            tracing::error!(error = %e, "the lease sweep failed");
+        }
         if let Some(l) = listener {
             l.abort();
         }

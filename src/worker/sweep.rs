@@ -13,7 +13,7 @@
 //! alarm for when it comes due, so it is claimed then rather than at the next poll.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +22,12 @@ use super::{ALARM_MARGIN, Shared};
 use crate::claim;
 use crate::model::AttemptOutcome;
 use crate::support::lock;
+
+/// The alarms a sweep sets are rounded up to this.
+const ALARM_BUCKET: Duration = Duration::from_millis(50);
+
+/// Most alarms one sweep sets.
+const ALARMS_PER_SWEEP: usize = 32;
 
 /// Sweeps until `stop` fires. The stop is checked between sweeps, never during one: a
 /// sweep that has settled rows logs and counts them before the worker's summary is read.
@@ -39,7 +45,8 @@ pub(super) async fn expired_leases(shared: Arc<Shared>, stop: CancellationToken)
         let wait = match swept {
             Ok(settled) => {
                 backoff.reset();
-                let full = settled.len() >= cfg.batch_size;
+                // `max(1)`: a worker built by hand with a batch of 0 must not sweep in a loop.
+                let full = settled.len() >= cfg.batch_size.max(1);
                 if !settled.is_empty() {
                     settle(&shared, &settled);
                 }
@@ -77,9 +84,21 @@ fn settle(shared: &Shared, settled: &claim::Settled) {
             "lease expired while running; the outcome is unknown; retry scheduled"
         );
         crate::metrics::expired(d.channel, AttemptOutcome::LeaseLost);
-        if !d.retry_in.is_zero() {
-            shared.alarm(now + d.retry_in + ALARM_MARGIN);
-        }
+    }
+    // One alarm per distinct due time, to the nearest ALARM_BUCKET, and no more than
+    // ALARMS_PER_SWEEP: a sweep of hundreds of rows must not fill the alarms the completer's
+    // deferrals need. A row beyond them is found by the next poll.
+    let mut due: Vec<u128> = settled
+        .deferred
+        .iter()
+        .filter(|d| !d.retry_in.is_zero())
+        .map(|d| d.retry_in.as_millis().div_ceil(ALARM_BUCKET.as_millis()))
+        .collect();
+    due.sort_unstable();
+    due.dedup();
+    for bucket in due.into_iter().take(ALARMS_PER_SWEEP) {
+        let at = ALARM_BUCKET.saturating_mul(u32::try_from(bucket).unwrap_or(u32::MAX));
+        shared.alarm(now + at + ALARM_MARGIN);
     }
     for g in &settled.gave_up {
         tracing::warn!(

@@ -147,8 +147,8 @@ async fn sigint_after_the_grace_period_abandons_the_attempt_to_its_lease() {
         t0.elapsed() < Duration::from_secs(15),
         "exited after the grace period, not after the stall"
     );
-    // The attempt's outcome is unknown: the row keeps its lease, which will expire and
-    // make the next claim record the attempt as ambiguous.
+    // The attempt's outcome is unknown: the row keeps its lease, which will expire; a
+    // worker's lease sweep then records the attempt as ambiguous.
     assert_eq!(row(&db, "int:1").await.state, "running");
 }
 

@@ -686,6 +686,47 @@ async fn claims_take_expired_leases_and_due_rows_in_run_after_order() {
     assert_eq!(attempts(&db, "order:expired").await.len(), 1);
 }
 
+/// A lease that ran out a second ago, settled with a 5 s backoff: the row is due 4–5 s after
+/// the expiry (the jitter takes up to a fifth off), the sweep says when (`retry_in`, which the
+/// worker's alarm follows), and a claim before then takes nothing.
+#[tokio::test]
+async fn a_settled_lease_says_when_it_is_due_and_is_not_claimed_before() {
+    let db = TestDb::new().await;
+    enqueue_webhook(&db, "later:1", "https://example.com/h", 3, true).await;
+    let c = db.client().await;
+    c.execute(
+        "UPDATE outbox.messages SET state = 'running', attempts = 1, lease_owner = 'gone',
+                lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second'
+         WHERE message_key = 'later:1'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let policy = RetryPolicy {
+        base: Duration::from_secs(5),
+        max: Duration::from_secs(900),
+    };
+    let settled = claim::settle_expired(&c, WEBHOOK, 10, &policy)
+        .await
+        .unwrap();
+    assert_eq!((settled.gave_up.len(), settled.deferred.len()), (0, 1));
+    let retry_in = settled.deferred[0].retry_in.as_secs_f64();
+    assert!((2.9..=4.1).contains(&retry_in), "due in {retry_in} s");
+    let due_in: f64 = db
+        .scalar("SELECT extract(epoch FROM run_after - now())::float8 FROM outbox.messages WHERE message_key = 'later:1'")
+        .await;
+    assert!(
+        (due_in - retry_in).abs() < 0.5,
+        "{due_in} against {retry_in}"
+    );
+    assert!(
+        claim_n(&c, 10, "w", Duration::from_secs(60))
+            .await
+            .is_empty()
+    );
+    assert_eq!(row_state(&db, "later:1").await, "pending");
+}
+
 /// One batch carrying a stale and a current completion of the same message (a worker that
 /// took over its own expired lease) records the stale one as lease_lost.
 #[tokio::test]

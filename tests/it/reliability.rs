@@ -400,6 +400,8 @@ async fn terminated_database_connections_lose_nothing() {
         // worker from ever completing anything.
         if claims_killed < 5 {
             claims_killed += kill("%WITH due AS%").await;
+            // The lease sweep's statement, when one is running (once per poll interval).
+            claims_killed += kill("%WITH expired AS%").await;
         }
         if completions_killed < 5 {
             completions_killed += kill("%), done AS (%").await;
