@@ -31,26 +31,23 @@ const ALARMS_PER_SWEEP: usize = 32;
 
 /// Sweeps until `stop` fires. The stop is checked between sweeps, never during one: a
 /// sweep that has settled rows logs and counts them before the worker's summary is read.
+/// Each sweep runs as a task of its own, so that one that panics (a bug: nothing in it
+/// unwraps outside input) is logged and followed by the next, as a failed statement is,
+/// instead of ending the sweeping for good (`--drain` would then wait for ever on a row
+/// whose lease expired).
 pub(super) async fn expired_leases(shared: Arc<Shared>, stop: CancellationToken) {
     let cfg = &shared.cfg;
     let mut backoff = Backoff::new();
     loop {
-        let swept = bounded(async {
-            let client = checkout(&shared.pools.general).await?;
-            claim::settle_expired(&**client, &cfg.channels, cfg.batch_size, &cfg.retry)
-                .await
-                .map_err(|e| crate::db::describe(&e))
-        })
-        .await;
+        let swept = match tokio::spawn(sweep_once(shared.clone())).await {
+            Ok(swept) => swept,
+            Err(e) => Err(format!("the sweep's task failed: {e}")),
+        };
         let wait = match swept {
-            Ok(settled) => {
+            Ok(n) => {
                 backoff.reset();
                 // `max(1)`: a worker built by hand with a batch of 0 must not sweep in a loop.
-                let full = settled.len() >= cfg.batch_size.max(1);
-                if !settled.is_empty() {
-                    settle(&shared, &settled);
-                }
-                if full && !stop.is_cancelled() {
+                if n >= cfg.batch_size.max(1) && !stop.is_cancelled() {
                     continue;
                 }
                 cfg.poll_interval
@@ -66,6 +63,22 @@ pub(super) async fn expired_leases(shared: Arc<Shared>, stop: CancellationToken)
             _ = stop.cancelled() => return,
         }
     }
+}
+
+/// One sweep: settles up to a batch of expired leases and reports them. Returns how many.
+async fn sweep_once(shared: Arc<Shared>) -> Result<usize, String> {
+    let cfg = &shared.cfg;
+    let settled = bounded(async {
+        let client = checkout(&shared.pools.general).await?;
+        claim::settle_expired(&**client, &cfg.channels, cfg.batch_size, &cfg.retry)
+            .await
+            .map_err(|e| crate::db::describe(&e))
+    })
+    .await?;
+    if !settled.is_empty() {
+        settle(&shared, &settled);
+    }
+    Ok(settled.len())
 }
 
 /// Logs and counts what a sweep settled, and tells the claim loop when the rows made
