@@ -1,4 +1,4 @@
--- outboxd: the live schema after every migration of sql/ (0001 … 0015), in one file.
+-- outboxd: the live schema after every migration of sql/ (0001 … 0016), in one file.
 -- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
 -- only the numbered files). tests/schema.rs loads it into an empty database and compares
 -- the catalog with a migrated one; after a new migration, regenerate it with
@@ -982,7 +982,7 @@ CREATE TABLE outbox.destinations (
 
 CREATE TABLE outbox.messages (
     id bigint NOT NULL,
-    message_key text NOT NULL,
+    message_key text NOT NULL COLLATE pg_catalog."C",
     channel text NOT NULL,
     payload jsonb NOT NULL,
     request_hash bytea NOT NULL,

@@ -110,6 +110,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "enqueue_many_insert_first",
         sql: include_str!("../sql/0015_enqueue_many_insert_first.sql"),
     },
+    Migration {
+        version: 16,
+        name: "message_key_byte_order",
+        sql: include_str!("../sql/0016_message_key_byte_order.sql"),
+    },
 ];
 
 /// Why migrating failed.

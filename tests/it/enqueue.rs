@@ -295,6 +295,40 @@ async fn same_key_and_payload_dedups_in_every_state() {
     }
 }
 
+/// Keys compare in byte order (`sql/0016`): keys that a language's collation would sort
+/// side by side, or that Unicode calls canonically equivalent, are as distinct as they ever
+/// were, each its own message, and each dedups only against itself.
+#[tokio::test]
+async fn keys_are_distinct_by_their_bytes() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let keys = ["order:1", "Order:1", "caf\u{e9}:1", "cafe\u{301}:1"];
+    let mut ids = Vec::new();
+    for key in keys {
+        let got = enqueue(&c, &NewMessage::webhook(key, hook("https://example.com/h")))
+            .await
+            .unwrap();
+        assert!(got.created, "{key:?}");
+        ids.push(got.id);
+    }
+    // The first key again, with its payload: the same message.
+    let again = enqueue(
+        &c,
+        &NewMessage::webhook("order:1", hook("https://example.com/h")),
+    )
+    .await
+    .unwrap();
+    assert_eq!((again.id, again.created), (ids[0], false));
+    assert_eq!(count_messages(&c).await, 4);
+    let collation: String = db
+        .scalar(
+            "SELECT collation_name FROM information_schema.columns \
+             WHERE table_schema = 'outbox' AND table_name = 'messages' AND column_name = 'message_key'",
+        )
+        .await;
+    assert_eq!(collation, "C");
+}
+
 #[tokio::test]
 async fn json_key_order_and_whitespace_do_not_matter() {
     let db = TestDb::new().await;

@@ -12,11 +12,14 @@ const CATALOG: &str = r#"
 SELECT 'function ' || p.oid::regprocedure::text || E'\n' || pg_get_functiondef(p.oid)
 FROM pg_proc p WHERE p.pronamespace = 'outbox'::regnamespace AND p.prokind IN ('f', 'p')
 UNION ALL
-SELECT format('column %s.%s %s%s%s%s', c.relname, a.attname, format_type(a.atttypid, a.atttypmod),
+SELECT format('column %s.%s %s%s%s%s%s', c.relname, a.attname, format_type(a.atttypid, a.atttypmod),
+              CASE WHEN a.attcollation NOT IN (0, t.typcollation)
+                   THEN ' collate ' || a.attcollation::regcollation::text ELSE '' END,
               CASE WHEN a.attnotnull THEN ' not null' ELSE '' END,
               CASE WHEN a.attidentity <> '' THEN ' identity ' || a.attidentity::text ELSE '' END,
               coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), ''))
 FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+JOIN pg_type t ON t.oid = a.atttypid
 LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
 WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'p', 'v')
 UNION ALL

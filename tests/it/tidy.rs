@@ -73,6 +73,10 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
         "0015_enqueue_many_insert_first.sql",
         "b056178b1b7d7d303304af8f3ad6ae6dba7e8fb6f6fd38694255f35ef801105a",
     ),
+    (
+        "0016_message_key_byte_order.sql",
+        "e93d6f3bc3656ceea5590ab280c7234f6fbb71fc20cfc0992fcd64e36dc2ccc0",
+    ),
 ];
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it

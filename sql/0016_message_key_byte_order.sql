@@ -1,0 +1,21 @@
+-- outboxd schema, version 16: `message_key` compares in byte order (COLLATE "C") (issue 17).
+--
+-- Neither the claim nor the completion is a HOT update (`state` is in every partial index's
+-- predicate), so each writes the key into its unique index again, and every comparison on the
+-- way down the index is made under the column's collation: the database's default, which in
+-- production is usually a language's (libc's strcoll or ICU), not byte order. Counted with
+-- bench/probes/pg-callgrind, a key under ICU's en-US cost PostgreSQL 8.4 % more
+-- instructions per delivery than a key in byte order; under C.UTF-8, 1.4 %
+-- (bench/RESULTS.md, 2026-12-06, ninth session). The enqueue's uniqueness check pays the same.
+--
+-- A key is an identifier made by the application (`run:step:action`), never sorted for a
+-- reader, and equal means the same bytes under every collation a database can have as its
+-- default (deterministic ones), so uniqueness is unchanged: no two keys that were distinct
+-- become equal, nor the reverse. What changes is only the order of keys, which no statement of
+-- outboxd reads; an application's `ORDER BY message_key` now sorts by bytes (and
+-- `LIKE 'prefix%'` can use the index).
+--
+-- The table is not rewritten, but the unique index is rebuilt, under an exclusive lock on
+-- outbox.messages for as long as that takes (seconds per million rows): enqueues and workers
+-- wait meanwhile. Run `outboxd migrate` when such a pause is acceptable.
+ALTER TABLE outbox.messages ALTER COLUMN message_key TYPE text COLLATE "C";
