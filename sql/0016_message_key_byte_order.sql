@@ -11,11 +11,22 @@
 -- A key is an identifier made by the application (`run:step:action`), never sorted for a
 -- reader, and equal means the same bytes under every collation a database can have as its
 -- default (deterministic ones), so uniqueness is unchanged: no two keys that were distinct
--- become equal, nor the reverse. What changes is only the order of keys, which no statement of
--- outboxd reads; an application's `ORDER BY message_key` now sorts by bytes (and
--- `LIKE 'prefix%'` can use the index).
+-- become equal, nor the reverse. What else changes, for an application:
+-- * the order of keys, which no statement of outboxd reads: `ORDER BY message_key` now sorts
+--   by bytes (and `LIKE 'prefix%'` can use the index);
+-- * a comparison or join of the key with text under another explicit collation now needs a
+--   `COLLATE` clause ("could not determine which collation to use");
+-- * a statement prepared before the migration that returns the key fails once with "cached
+--   plan must not change result type" (the result's collation is part of its type). The
+--   worker's claim does, on each connection, and prepares it again at once; an application
+--   that keeps prepared statements should discard them (or reconnect) after migrating.
 --
 -- The table is not rewritten, but the unique index is rebuilt, under an exclusive lock on
--- outbox.messages for as long as that takes (seconds per million rows): enqueues and workers
--- wait meanwhile. Run `outboxd migrate` when such a pause is acceptable.
+-- outbox.messages for as long as that takes (seconds per million rows): enqueues, workers and
+-- reads of the table wait meanwhile. The lock is asked for for at most 10 s, so that a long
+-- transaction holding the table does not leave every statement queued behind this one; the
+-- migration then fails, changing nothing, and can be run again at a quieter moment.
+SET LOCAL lock_timeout = '10s';
 ALTER TABLE outbox.messages ALTER COLUMN message_key TYPE text COLLATE "C";
+-- The ALTER drops the column's statistics.
+ANALYZE outbox.messages (message_key);

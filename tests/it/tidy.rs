@@ -75,7 +75,7 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
     ),
     (
         "0016_message_key_byte_order.sql",
-        "e93d6f3bc3656ceea5590ab280c7234f6fbb71fc20cfc0992fcd64e36dc2ccc0",
+        "da5a9a088866115515cba0043b85a63b08cfe2b3c949d0abe26c27d0cfc6f19c",
     ),
 ];
 
