@@ -150,7 +150,7 @@ impl ClaimLoop {
             let poll = Instant::now() + self.shared.cfg.poll_interval;
             let until = match self.not_before {
                 Some(t) => t,
-                None => self.shared.next_alarm().map_or(poll, |a| a.min(poll)),
+                None => self.shared.alarms.next().map_or(poll, |a| a.min(poll)),
             };
             let event = tokio::select! {
                 // A stop that is already due starts nothing more; then a claim that came
@@ -184,7 +184,7 @@ impl ClaimLoop {
                 }
                 // Anything may be due again: every lane may claim.
                 Event::Woken | Event::Timer => {
-                    self.shared.alarms_served();
+                    self.shared.alarms.served(Instant::now());
                     for lane in &mut self.lanes {
                         lane.armed = true;
                     }

@@ -26,14 +26,16 @@
 //! for), `pace` (how many rows to claim ahead of the free slots), `attempt` (one delivery
 //! task), `completer` (batched writes and the attempt log), `wakeup` (LISTEN and the idle
 //! mark), `db_call` (bounded database calls, back-off), `pools` (which connections run
-//! which statements, and with what settings), `sweep` (expired leases, beside the loop)
-//! and [`maintenance`] (retention, beside the loop).
+//! which statements, and with what settings), `sweep` (expired leases, beside the loop),
+//! `alarms` (when deferred messages come due) and [`maintenance`] (retention, beside the
+//! loop).
 //!
 //! Database errors anywhere are logged and retried with back-off; nothing is dropped.
 //! A completion that cannot be written before the process exits is not lost either: the
 //! row stays `running`, its lease expires, and the lease sweep ([`sweep`]) records the
 //! attempt as ambiguous.
 
+mod alarms;
 mod attempt;
 mod breakers;
 mod claim_loop;
@@ -49,8 +51,6 @@ mod wakeup;
 
 pub use pools::{PLAN_REFRESH, Pools};
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -116,10 +116,8 @@ struct Shared {
     summary: Mutex<RunSummary>,
     /// The limits per destination of this process.
     gates: destinations::Gates,
-    /// When deferred messages come due again: the idle claim loop wakes then instead of
-    /// waiting for the poll interval, so a message given back for 200 ms is not sent a
-    /// second late.
-    alarms: Mutex<BinaryHeap<Reverse<Instant>>>,
+    /// When deferred messages come due again ([`alarms`]).
+    alarms: alarms::Alarms,
     /// Circuit breakers per destination (`--breaker-threshold`), shared through the database.
     breakers: breakers::Breakers,
     /// How long a delivery task holds its slot, on average: how many rows the claim loop
@@ -127,35 +125,13 @@ struct Shared {
     slot_time: pace::Ewma,
 }
 
-/// Most alarms kept: beyond this a deferred message is found by the next poll instead.
-const MAX_ALARMS: usize = 4096;
-
 /// How long after a deferred message's due time the claim loop looks for it.
 const ALARM_MARGIN: Duration = Duration::from_millis(5);
 
 impl Shared {
     /// Wakes the idle claim loop at `at`.
     fn alarm(&self, at: Instant) {
-        let mut alarms = lock(&self.alarms);
-        if alarms.len() < MAX_ALARMS {
-            alarms.push(Reverse(at));
-        }
-    }
-
-    /// The earliest alarm, even one that has passed: an alarm that passed while the loop was
-    /// busy still wakes it once ([`Shared::alarms_served`] drops it then). Dropping it here
-    /// instead lost it: the row it was for waited for the next poll.
-    fn next_alarm(&self) -> Option<Instant> {
-        lock(&self.alarms).peek().map(|Reverse(at)| *at)
-    }
-
-    /// Drops the alarms that have passed: the loop has just armed every lane.
-    fn alarms_served(&self) {
-        let mut alarms = lock(&self.alarms);
-        let now = Instant::now();
-        while alarms.peek().is_some_and(|Reverse(at)| *at <= now) {
-            alarms.pop();
-        }
+        self.alarms.set(at);
     }
 }
 
@@ -182,7 +158,7 @@ impl Worker {
         Worker {
             shared: Arc::new(Shared {
                 gates,
-                alarms: Mutex::new(BinaryHeap::new()),
+                alarms: alarms::Alarms::default(),
                 cfg,
                 pools,
                 deliverers,

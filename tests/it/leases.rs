@@ -632,6 +632,57 @@ async fn a_slow_receiver_keeps_few_rows_leased_ahead() {
     );
 }
 
+/// A lease that ran out long enough ago that its backoff has passed too (a worker that died
+/// a while back) is due the moment the sweep settles it: the sweep wakes the idle claim
+/// loop, and the row is sent then, not at the loop's next poll. The loop's wait is kept out
+/// of step with the sweep's: a message enqueued as the lease runs out wakes the loop
+/// (notification, then completion), so its next poll comes about two seconds after the
+/// sweep that settles the lease. Without the wake-up the row waits for that poll.
+#[tokio::test]
+async fn a_sweep_wakes_the_idle_loop_for_a_row_due_at_once() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    enqueue_webhook(&db, "late:1", &rx.url("/h"), 3, true).await;
+    let c = db.client().await;
+    // A dead worker's lease, running out between the new worker's first sweep and its second.
+    c.execute(
+        "UPDATE outbox.messages SET state = 'running', attempts = 1, lease_owner = 'gone',
+                lease_token = gen_random_uuid(), lease_expires_at = now() + interval '2 seconds'
+         WHERE message_key = 'late:1'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let cfg = outboxd::config::WorkerConfig {
+        poll_interval: Duration::from_secs(4),
+        ..test_worker_config("w")
+    };
+    let w = RunningWorker::start(&db, cfg, test_webhook_config());
+    wait_for_idle_marks(&db, 1, "the worker to LISTEN, idle").await;
+    wait_until(Duration::from_secs(5), "the lease to run out", || async {
+        let live: i64 = db
+            .scalar("SELECT count(*) FROM outbox.messages WHERE lease_expires_at > now()")
+            .await;
+        live == 0
+    })
+    .await;
+    enqueue_webhook(&db, "nudge:1", &rx.url("/h"), 3, true).await;
+    wait_for_state(&db, "nudge:1", "delivered", Duration::from_secs(5)).await;
+    wait_for_state(&db, "late:1", "delivered", Duration::from_secs(15)).await;
+    w.stop().await;
+    let waited: f64 = db
+        .scalar(
+            "SELECT extract(epoch FROM m.delivered_at - a.finished_at)::float8
+             FROM outbox.messages m JOIN outbox.attempts a ON a.message_id = m.id
+             WHERE m.message_key = 'late:1' AND a.outcome = 'lease_lost'",
+        )
+        .await;
+    assert!(
+        waited < 1.0,
+        "sent {waited:.2} s after the sweep settled it (the loop's next poll, not a wake-up)"
+    );
+}
+
 #[tokio::test]
 async fn a_notification_wakes_an_idle_worker() {
     let db = TestDb::new().await;
