@@ -160,24 +160,31 @@ pub async fn dead_letters_page<C: GenericClient>(
     Ok((rows.iter().map(dead_letter).collect(), total))
 }
 
-/// The `(id, key)` of every dead letter matching `filter`, by id: what an action on
-/// "everything the filter matches" touches.
+/// The `(id, key)` of the first `limit` dead letters matching `filter`, by id, and how many
+/// match in all: what an action on "everything the filter matches" touches.
 pub async fn dead_ids<C: GenericClient>(
     client: &C,
     filter: &DeadFilter,
-) -> Result<Vec<(i64, String)>, tokio_postgres::Error> {
+    limit: i64,
+) -> Result<(Vec<(i64, String)>, i64), tokio_postgres::Error> {
     let (channel, class, since) = filter.params();
-    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
         (&channel, Type::TEXT),
         (&class, Type::TEXT),
         (&since, Type::FLOAT8),
+        (&limit, Type::INT8),
     ];
-    Ok(client
-        .query_typed(queries::DEAD_IDS, &params)
+    let first = client
+        .query_typed(queries::DEAD_IDS_FIRST, &params)
         .await?
         .iter()
         .map(|r| (r.get(0), r.get(1)))
-        .collect())
+        .collect();
+    let total: i64 = client
+        .query_typed_one(queries::DEAD_COUNT, &params[..3])
+        .await?
+        .get(0);
+    Ok((first, total))
 }
 
 /// One attempt (or operator action) in a message's history.

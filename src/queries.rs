@@ -475,6 +475,20 @@ ORDER BY dead_at DESC, id DESC
 LIMIT $4
 "#;
 
+/// Console: the `(id, message_key)` of the first `$4` dead letters, by id, matching the
+/// filters of [`DEAD_LIST`] (`$1`..`$3`): an action on "everything the filter matches"
+/// touches at most so many, and after an outage millions may match.
+pub const DEAD_IDS_FIRST: &str = r#"
+SELECT id, message_key
+FROM outbox.messages
+WHERE state = 'dead'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::text IS NULL OR error_class = $2::text)
+  AND ($3::float8 IS NULL OR dead_at >= now() - make_interval(secs => $3::float8))
+ORDER BY id
+LIMIT $4
+"#;
+
 /// The ids of every dead letter matching the filters of [`DEAD_LIST`] (`$1`..`$3`), for
 /// `replay --all-dead`.
 pub const DEAD_IDS: &str = r#"

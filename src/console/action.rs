@@ -108,20 +108,24 @@ pub(crate) async fn post(
     };
     let mut c = client(&app).await?;
     let (chosen, matching) = if by_filter {
-        let all = match (from, verb) {
+        // The first MAX_ACTION_ROWS, and how many match in all (which may be millions).
+        let limit = MAX_ACTION_ROWS as i64;
+        let (first, total) = match (from, verb) {
             (From::Dead, Verb::Replay | Verb::Cancel | Verb::Confirm) => {
                 let q = super::dead::parse_filter(&form).map_err(unchanged)?;
-                crate::ops::dead_ids(&**c, &q.filter)
+                crate::ops::dead_ids(&**c, &q.filter, limit)
                     .await
                     .map_err(|e| Failure::db(&e))?
             }
             (From::Held, Verb::Approve | Verb::Cancel) => {
                 let f = super::held::parse_filter(&form).map_err(unchanged)?;
-                let limit = MAX_ACTION_ROWS as i64 + 1;
-                let (rows, _) = crate::ops::held_page(&**c, &f, limit, 0)
+                let (rows, total) = crate::ops::held_page(&**c, &f, limit, 0)
                     .await
                     .map_err(|e| Failure::db(&e))?;
-                rows.into_iter().map(|h| (h.id, h.message_key)).collect()
+                (
+                    rows.into_iter().map(|h| (h.id, h.message_key)).collect(),
+                    total,
+                )
             }
             _ => {
                 return Err(bad(&format!(
@@ -130,11 +134,10 @@ pub(crate) async fn post(
                 )));
             }
         };
-        let matching = all.len();
-        (
-            all.into_iter().take(MAX_ACTION_ROWS).collect::<Vec<_>>(),
-            matching,
-        )
+        let matching = usize::try_from(total)
+            .unwrap_or(usize::MAX)
+            .max(first.len());
+        (first, matching)
     } else {
         let ids = form
             .iter()

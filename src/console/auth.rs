@@ -27,7 +27,8 @@ pub const COOKIE: &str = "outboxd_session";
 /// (a right token too) is refused until the window ends.
 const MAX_FAILURES: u32 = 5;
 const WINDOW: Duration = Duration::from_secs(60);
-/// Most sessions held at once: sign-ins past it are refused rather than let memory grow.
+/// Most sessions held at once: past it a sign-in signs the oldest session out, so that
+/// memory stays bounded.
 const MAX_SESSIONS: usize = 1000;
 
 /// One signed-in operator.
@@ -93,14 +94,24 @@ impl Auth {
         e.1 += 1;
     }
 
-    fn create(&self, name: String) -> Result<(String, Session), Failure> {
+    fn create(&self, name: String) -> (String, Session) {
         let mut s = crate::support::lock(&self.sessions);
         let now = Instant::now();
         s.retain(|_, v| v.expires > now);
+        // Full: the session that expires first goes, rather than every sign-in being
+        // refused for hours (which anyone who may sign in could bring about).
         if s.len() >= MAX_SESSIONS {
-            return Err(Failure::TooMany(
-                "too many open sessions; sign out elsewhere or wait for them to expire".into(),
-            ));
+            let oldest = s
+                .iter()
+                .min_by_key(|(_, v)| v.expires)
+                .map(|(id, _)| id.clone());
+            if let Some(id) = oldest {
+                s.remove(&id);
+                tracing::warn!(
+                    open = MAX_SESSIONS,
+                    "console: too many open sessions; the oldest was signed out"
+                );
+            }
         }
         let session = Session {
             name,
@@ -109,7 +120,7 @@ impl Auth {
         };
         let id = random_hex();
         s.insert(id.clone(), session.clone());
-        Ok((id, session))
+        (id, session)
     }
 
     fn find(&self, id: &str) -> Option<Session> {
@@ -191,6 +202,118 @@ impl FromRequestParts<Shared> for Signed {
     }
 }
 
+/// Refuses what a browser can be made to send on someone else's behalf, before any
+/// handler runs:
+///
+/// * A POST from another site. A browser says where a request comes from: `Sec-Fetch-Site`
+///   (every current browser) must be `same-origin` or `none`; failing that, `Origin` must
+///   name the host the request was sent to. A request that says neither (curl, a script)
+///   is not a browser's and passes. The CSRF token still guards every form; this also
+///   guards sign-in, which has none (a page elsewhere could otherwise sign the operator's
+///   browser in, use up the sign-in rate limit, or open sessions by the thousand).
+/// * Without a sign-in token, anything not addressed to a loopback name. A console without
+///   a token trusts whoever can reach the loopback address; a page on another site can
+///   reach it too, by pointing its own name at 127.0.0.1 (DNS rebinding), and its requests
+///   then carry that name in `Host`. A request that came through a proxy (`Forwarded`,
+///   `X-Forwarded-For`) is refused too: its sender is not on this host.
+///
+/// The refusal names the rule, never the header's value.
+pub(crate) async fn guard(
+    State(app): State<Shared>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let h = req.headers();
+    if app.auth.token.is_none() {
+        if let Err(f) = loopback_only(h) {
+            tracing::warn!(
+                "console: refused a request not addressed to loopback (no sign-in token is set)"
+            );
+            return f.into_response();
+        }
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        if let Err(f) = same_origin(h) {
+            tracing::warn!("console: refused a POST from another site");
+            return f.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Without a token: `Host` a loopback name, and no proxy's headers.
+fn loopback_only(h: &HeaderMap) -> Result<(), Failure> {
+    let proxied = [
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-real-ip",
+    ]
+    .iter()
+    .any(|name| h.contains_key(*name));
+    if proxied {
+        return Err(Failure::Forbidden(
+            "this console has no sign-in token and trusts only this host; a request through a proxy needs OUTBOXD_CONSOLE_TOKEN set".into(),
+        ));
+    }
+    let host = h.get(header::HOST).and_then(|v| v.to_str().ok());
+    if host.is_some_and(is_loopback_host) {
+        Ok(())
+    } else {
+        Err(Failure::Forbidden(
+            "this console has no sign-in token and answers only to localhost, 127.0.0.1 or [::1]"
+                .into(),
+        ))
+    }
+}
+
+/// Is `host` (a `Host` header: a name or an address, and maybe a port) a loopback name?
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        // [v6] or [v6]:port
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, after)) if after.is_empty() || after.starts_with(':') => v6,
+            _ => return false,
+        },
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    if name.eq_ignore_ascii_case("localhost") || name.eq_ignore_ascii_case("localhost.") {
+        return true;
+    }
+    // Only the usual forms: `127.1` or `2130706433` are not what a browser puts in Host.
+    name.parse::<IpAddr>().is_ok_and(super::is_loopback)
+}
+
+/// A POST that a browser marks as coming from another site is refused.
+fn same_origin(h: &HeaderMap) -> Result<(), Failure> {
+    let refused = || {
+        Err(Failure::Forbidden(
+            "a request from another site; nothing changed".into(),
+        ))
+    };
+    if let Some(site) = h.get("sec-fetch-site") {
+        return match site.to_str() {
+            Ok("same-origin" | "none") => Ok(()),
+            _ => refused(),
+        };
+    }
+    let Some(origin) = h.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    // `Origin: scheme://host[:port]` against `Host: host[:port]`. A browser sends no port
+    // in either for its scheme's default, so the two agree whatever the scheme.
+    let from = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.split_once("://"))
+        .map(|(_, authority)| authority);
+    let to = h.get(header::HOST).and_then(|v| v.to_str().ok());
+    match (from, to) {
+        (Some(from), Some(to)) if from.eq_ignore_ascii_case(to) => Ok(()),
+        _ => refused(),
+    }
+}
+
 pub(crate) async fn signin_page(State(app): State<Shared>) -> Response {
     layout::signin(app.auth.token.is_some(), None).into_response()
 }
@@ -231,10 +354,7 @@ pub(crate) async fn signin(
     if let Err(f) = check_name(name) {
         return f.into_response();
     }
-    let (id, session) = match app.auth.create(name.to_owned()) {
-        Ok(s) => s,
-        Err(f) => return f.into_response(),
-    };
+    let (id, session) = app.auth.create(name.to_owned());
     tracing::info!(operator = %session.name, "console: signed in");
     let cookie = app.auth.cookie(&id, app.auth.ttl.as_secs());
     ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
@@ -261,19 +381,117 @@ mod tests {
     #[test]
     fn a_session_expires_and_its_cookie_has_the_flags() {
         let auth = Auth::new(Some("a-token-of-some-length"), Duration::ZERO, true);
-        let (id, _) = auth.create("alice".into()).unwrap();
+        let (id, _) = auth.create("alice".into());
         assert!(auth.find(&id).is_none(), "expired at once");
         let cookie = auth.cookie(&id, 60);
         for flag in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/"] {
             assert!(cookie.contains(flag), "{cookie}");
         }
         let auth = Auth::new(None, Duration::from_secs(60), false);
-        let (id, s) = auth.create("bob".into()).unwrap();
+        let (id, s) = auth.create("bob".into());
         assert_eq!(auth.find(&id).unwrap().csrf, s.csrf);
         assert_ne!(s.csrf, id, "the CSRF token is not the session id");
         assert!(!auth.cookie(&id, 60).contains("Secure"));
         auth.remove(&id);
         assert!(auth.find(&id).is_none());
+    }
+
+    #[test]
+    fn a_full_table_signs_the_oldest_session_out() {
+        let auth = Auth::new(None, Duration::from_secs(60), false);
+        let (first, _) = auth.create("first".into());
+        for _ in 1..MAX_SESSIONS {
+            auth.create("x".into());
+        }
+        assert!(auth.find(&first).is_some());
+        let (last, _) = auth.create("last".into());
+        assert!(auth.find(&last).is_some(), "a sign-in past the limit works");
+        assert!(auth.find(&first).is_none(), "the oldest made room");
+        assert_eq!(crate::support::lock(&auth.sessions).len(), MAX_SESSIONS);
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn only_loopback_names_reach_a_console_without_a_token() {
+        for ok in [
+            "localhost",
+            "localhost:9188",
+            "LOCALHOST:9188",
+            "127.0.0.1",
+            "127.0.0.1:9188",
+            "127.8.9.10:1",
+            "[::1]",
+            "[::1]:9188",
+            "[::ffff:127.0.0.1]:9188",
+        ] {
+            assert!(is_loopback_host(ok), "{ok}");
+            assert!(loopback_only(&headers(&[("host", ok)])).is_ok(), "{ok}");
+        }
+        for bad in [
+            "evil.example:9188",
+            "evil.example",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io:9188",
+            "10.0.0.1:9188",
+            "[::2]:9188",
+            "[::1",
+            "[::1]x",
+            "",
+            "2130706433:9188",
+        ] {
+            assert!(!is_loopback_host(bad), "{bad}");
+        }
+        assert!(loopback_only(&HeaderMap::new()).is_err(), "no Host");
+        for proxy in [
+            "forwarded",
+            "x-forwarded-for",
+            "x-forwarded-host",
+            "x-real-ip",
+        ] {
+            let h = headers(&[("host", "127.0.0.1:9188"), (proxy, "for=203.0.113.9")]);
+            assert!(loopback_only(&h).is_err(), "{proxy}");
+        }
+    }
+
+    #[test]
+    fn a_post_from_another_site_is_refused() {
+        let host = ("host", "console.example:9188");
+        for ok in [
+            vec![host],
+            vec![host, ("sec-fetch-site", "same-origin")],
+            vec![host, ("sec-fetch-site", "none")],
+            vec![host, ("origin", "http://console.example:9188")],
+            vec![host, ("origin", "https://CONSOLE.example:9188")],
+            // Sec-Fetch-Site is the browser's word; Origin is read only without it.
+            vec![
+                host,
+                ("sec-fetch-site", "same-origin"),
+                ("origin", "https://proxy.example"),
+            ],
+        ] {
+            assert!(same_origin(&headers(&ok)).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            vec![host, ("sec-fetch-site", "cross-site")],
+            vec![host, ("sec-fetch-site", "same-site")],
+            vec![host, ("sec-fetch-site", "")],
+            vec![host, ("origin", "http://evil.example:9188")],
+            vec![host, ("origin", "http://console.example")],
+            vec![host, ("origin", "null")],
+            vec![("origin", "http://console.example:9188")],
+        ] {
+            assert!(same_origin(&headers(&bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -154,6 +154,13 @@ pub(crate) async fn lookup(
             "a message key is at most 255 characters".into(),
         ));
     }
+    // PostgreSQL's text cannot hold NUL: no key has one, and sent on it would come back as
+    // a database error, which reads as an outage.
+    if arg.contains('\0') {
+        return Err(Failure::BadRequest(
+            "a message key has no NUL character".into(),
+        ));
+    }
     let target = Target::parse(arg);
     let c = client(&app).await?;
     let (found, _) = crate::ops::resolve(&**c, std::slice::from_ref(&target))

@@ -14,6 +14,12 @@
 //!   sessions live in memory and expire;
 //! * every POST carries the session's CSRF token, checked before anything else; no GET
 //!   changes anything;
+//! * a POST a browser marks as from another site (`Sec-Fetch-Site`, else `Origin` against
+//!   `Host`) is refused before any handler, sign-in included; without a token, a request
+//!   not addressed to a loopback name (DNS rebinding) or sent through a proxy is refused
+//!   ([`auth::guard`]);
+//! * the head of a request must arrive within 30 s, a request ends within 60 s, and at
+//!   most 256 connections are served at once ([`accept_loop`]);
 //! * every value reaches the page through maud, which escapes it; stored text is also made
 //!   one line ([`crate::text::escape`]);
 //! * a strict Content-Security-Policy (no script at all, the stylesheet from `/style.css`);
@@ -128,6 +134,10 @@ fn router(app: Shared) -> axum::Router {
         .fallback(not_found)
         // Forms are small; a bigger body is refused before it is read.
         .layer(DefaultBodyLimit::max(64 * 1024))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            auth::guard,
+        ))
         .layer(axum::middleware::from_fn(security_headers))
         .with_state(app)
 }
@@ -171,13 +181,102 @@ pub async fn serve(
     });
     tracing::info!(addr = %local, signin_token = config.token.is_some(), "console listening");
     bound(local);
-    axum::serve(
-        listener,
-        router(app).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move { stop.cancelled().await })
-    .await
-    .map_err(|e| ServeError::Database(format!("console server failed: {e}")))
+    accept_loop(listener, router(app), stop).await;
+    Ok(())
+}
+
+/// Most connections served at once; past it new ones wait in the listen queue.
+const MAX_CONNECTIONS: usize = 256;
+
+/// How long a client may take to send a request's head, and how long an idle kept-alive
+/// connection stays open.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long one request may take in all: its body, the database's answers, the page.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a stop waits for requests in progress.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Serves connections until `stop`. Not `axum::serve`: it sets no timer, so hyper reads a
+/// request's head for as long as the client cares to send it, and it takes every
+/// connection offered; a client that opened connections and sent a byte now and then could
+/// then hold the console (and its file descriptors) without signing in. Here the head must
+/// come within [`HEADER_READ_TIMEOUT`], a request ends within [`REQUEST_TIMEOUT`], and at
+/// most [`MAX_CONNECTIONS`] are served at once.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let slot = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, say: wait a moment rather than spin.
+                    tracing::warn!(error = %e, "console: accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let app = app.clone();
+        let service =
+            hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                let mut app = app.clone();
+                async move {
+                    let req = req.map(axum::body::Body::new);
+                    // A Router is always ready: no poll_ready needed.
+                    let call = tower_service::Service::call(&mut app, req);
+                    match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
+                        Ok(res) => res,
+                        Err(_) => Ok(timed_out()),
+                    }
+                }
+            });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            // A client that goes away mid-request is no error of ours.
+            let _ = conn.await;
+            drop(slot);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("console: stopping with requests still in progress");
+    }
+}
+
+/// The answer to a request that ran past [`REQUEST_TIMEOUT`].
+fn timed_out() -> Response {
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    let line = "the request took too long; try again";
+    let mut res = (status, layout::error_page(status, line)).into_response();
+    // Made outside the router, so its headers are added here.
+    add_security_headers(&mut res);
+    res
 }
 
 /// Why the console could not start or stopped.
@@ -194,6 +293,11 @@ pub enum ServeError {
 /// Headers on every answer, error pages included.
 async fn security_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let mut res = next.run(req).await;
+    add_security_headers(&mut res);
+    res
+}
+
+fn add_security_headers(res: &mut Response) {
     let h = res.headers_mut();
     h.insert(
         header::CONTENT_SECURITY_POLICY,
@@ -210,7 +314,6 @@ async fn security_headers(req: axum::extract::Request, next: axum::middleware::N
     );
     h.entry(header::CACHE_CONTROL)
         .or_insert(HeaderValue::from_static("no-store"));
-    res
 }
 
 async fn stylesheet() -> Response {

@@ -416,6 +416,8 @@ async fn hostile_input_gets_a_one_line_error_page_and_changes_nothing() {
             404,
         ),
         ("/lookup?q=%FF%FE".into(), 404),
+        // Not a database error (503, which reads as an outage): no key holds a NUL.
+        ("/lookup?q=k%00ey".into(), 400),
         ("/dead?channel=%3Cscript%3E".into(), 400),
         ("/dead?class=fatal%0D%0Aline".into(), 400),
         ("/dead?since=999999999999d".into(), 400),
@@ -892,4 +894,272 @@ async fn dead_letters_page_by_fifty_and_filter_by_class_and_age() {
         res.headers()["location"],
         format!("/message/{old}").as_str()
     );
+}
+
+/// A POST with these extra headers (a browser's `Origin`, `Sec-Fetch-Site`, a `Host`).
+async fn post_with(
+    url: &str,
+    cookie: Option<&str>,
+    body: String,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut req = http()
+        .post(url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body);
+    if let Some(c) = cookie {
+        req = req.header("cookie", c);
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
+/// Without a token the console trusts loopback; a page elsewhere must not borrow that
+/// trust. A site that points its own name at 127.0.0.1 (DNS rebinding) sends that name in
+/// `Host`; a proxy in front says so in its headers: both are refused, reading as well as
+/// signing in, and nothing is changed or handed out.
+#[tokio::test]
+async fn without_a_token_only_requests_addressed_to_loopback_are_served() {
+    let db = TestDb::new().await;
+    let held = enqueue_held(&db, "rebind:held", "https://h.example/").await;
+    let console = Console::start_with(&db, None);
+    let port = console.base.rsplit(':').next().unwrap().to_owned();
+    let evil = format!("evil.example:{port}");
+    let before = snapshot(&db).await;
+    for headers in [
+        vec![("host", evil.as_str())],
+        vec![("x-forwarded-for", "203.0.113.9")],
+        vec![("forwarded", "for=203.0.113.9;proto=https")],
+    ] {
+        let res = post_with(
+            &console.url("/signin"),
+            None,
+            form(&[("name", "mallory")]),
+            &headers,
+        )
+        .await;
+        assert_eq!(res.status(), 403, "{headers:?}");
+        assert!(res.headers().get("set-cookie").is_none(), "{headers:?}");
+        let page = res.text().await.unwrap();
+        assert!(!page.contains("evil.example"), "no header value echoed");
+        let mut req = http().get(console.url("/held"));
+        for (k, v) in &headers {
+            req = req.header(*k, *v);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 403, "{headers:?}");
+    }
+    // With a signed-in operator's cookie too: the page at evil.example has none, but its
+    // requests must not work even if it had.
+    let res = post_form(&console.url("/signin"), None, form(&[("name", "carol")])).await;
+    assert_eq!(res.status(), 303);
+    let cookie = res.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let page = get(&console.url("/held"), &cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let csrf = crate::common::console::csrf_of(&page);
+    let ids = held.to_string();
+    let approve = form(&[
+        ("csrf", &csrf),
+        ("do", "approve:selected"),
+        ("id", &ids),
+        ("confirmed", "yes"),
+    ]);
+    let res = post_with(
+        &console.url("/action"),
+        Some(&cookie),
+        approve.clone(),
+        &[("host", &evil)],
+    )
+    .await;
+    assert_eq!(res.status(), 403);
+    assert_eq!(snapshot(&db).await, before, "nothing changed");
+    // Every name of loopback works.
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let res = http()
+            .get(console.url("/signin"))
+            .header("host", &host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{host}");
+    }
+    let res = post_form(&console.url("/action"), Some(&cookie), approve).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        crate::common::row(&db, "rebind:held").await.state,
+        "pending"
+    );
+}
+
+/// A page on another site can make the operator's browser POST to the console. Its
+/// requests are marked (`Sec-Fetch-Site`, `Origin`) and refused before anything runs: no
+/// action even with a valid session and CSRF token, no sign-in, and no use of the sign-in
+/// rate limit (five such posts do not lock the operator out).
+#[tokio::test]
+async fn a_post_from_another_site_is_refused_before_anything_runs() {
+    let db = TestDb::new().await;
+    let id = dead_email(&db, "xsite:target").await;
+    let console = Console::start(&db);
+    let s = sign_in(&console, "alice").await;
+    let before = snapshot(&db).await;
+    let ids = id.to_string();
+    let replay = form(&[
+        ("csrf", &s.csrf),
+        ("do", "replay:selected"),
+        ("id", &ids),
+        ("confirmed", "yes"),
+    ]);
+    let cross = [
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("sec-fetch-site", "same-site")],
+        vec![("origin", "https://evil.example")],
+        vec![("origin", "null")],
+    ];
+    for headers in &cross {
+        let res = post_with(
+            &console.url("/action"),
+            Some(&s.cookie),
+            replay.clone(),
+            headers,
+        )
+        .await;
+        assert_eq!(res.status(), 403, "{headers:?}");
+        assert!(res.text().await.unwrap().contains("another site"));
+        assert_eq!(snapshot(&db).await, before, "{headers:?}");
+    }
+    for headers in cross.iter().cycle().take(6) {
+        let res = post_with(
+            &console.url("/signin"),
+            None,
+            form(&[("name", "eve"), ("token", "guess-guess-guess-guess")]),
+            headers,
+        )
+        .await;
+        assert_eq!(res.status(), 403, "{headers:?}");
+        assert!(res.headers().get("set-cookie").is_none());
+    }
+    // The operator signs in as a browser would, from the console's own page.
+    let res = post_with(
+        &console.url("/signin"),
+        None,
+        form(&[("name", "alice"), ("token", TOKEN)]),
+        &[("sec-fetch-site", "same-origin"), ("origin", &console.base)],
+    )
+    .await;
+    assert_eq!(res.status(), 303, "not locked out by the posts above");
+    let res = post_with(
+        &console.url("/action"),
+        Some(&s.cookie),
+        replay,
+        &[("origin", &console.base)],
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        crate::common::row(&db, "xsite:target").await.state,
+        "pending"
+    );
+}
+
+/// "Everything the filter matches" after an outage: the confirmation says how many match
+/// in all, not how many were fetched, and the action touches the oldest 500.
+#[tokio::test]
+async fn an_action_on_a_large_filter_says_how_many_match_and_takes_the_oldest_500() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for (state, n) in [("dead", 620), ("held", 610)] {
+        c.batch_execute(&format!(
+            "SELECT outbox.enqueue('big:{state}:' || g, 'webhook',
+                 jsonb_build_object('url', 'https://h.example/'), held => true)
+             FROM generate_series(1, {n}) g;
+             UPDATE outbox.messages SET state = 'dead', dead_at = now(),
+                 error_class = 'permanent', last_error = '410 gone'
+             WHERE message_key LIKE 'big:dead:%';"
+        ))
+        .await
+        .unwrap();
+    }
+    let console = Console::start(&db);
+    let s = sign_in(&console, "ops").await;
+    for (from, verb, n, after) in [
+        ("dead", "replay:filter", 620, "pending"),
+        ("held", "approve:filter", 610, "pending"),
+    ] {
+        let step = |confirmed: bool| {
+            let mut p = vec![("csrf", s.csrf.as_str()), ("do", verb), ("from", from)];
+            if confirmed {
+                p.push(("confirmed", "yes"));
+            }
+            form(&p)
+        };
+        let res = post_form(&console.url("/action"), Some(&s.cookie), step(false)).await;
+        assert_eq!(res.status(), 200);
+        let page = res.text().await.unwrap();
+        assert!(
+            page.contains(&format!("The filter matches {n};")),
+            "{from}: {}",
+            error_line_or_all(&page)
+        );
+        let res = post_form(&console.url("/action"), Some(&s.cookie), step(true)).await;
+        assert_eq!(res.status(), 200);
+        let moved: i64 = db
+            .scalar(&format!(
+                "SELECT count(*) FROM outbox.messages WHERE message_key LIKE 'big:{from}:%' AND state = '{after}'"
+            ))
+            .await;
+        assert_eq!(moved, 500, "{from}");
+        let oldest_left: bool = db
+            .scalar(&format!(
+                "SELECT min(id) FILTER (WHERE state <> '{after}') > max(id) FILTER (WHERE state = '{after}')
+                 FROM outbox.messages WHERE message_key LIKE 'big:{from}:%'"
+            ))
+            .await;
+        assert!(oldest_left, "{from}: the oldest 500 were taken");
+    }
+}
+
+fn error_line_or_all(page: &str) -> String {
+    page.find("<p id=\"error\">")
+        .map(|_| error_line(page))
+        .unwrap_or_else(|| page.chars().take(2000).collect())
+}
+
+/// A client that opens a connection and never finishes its request is let go: the
+/// console does not hold connections (and file descriptors) for whoever cares to open them.
+#[tokio::test]
+async fn a_request_head_that_never_ends_is_cut_off() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let db = TestDb::new().await;
+    let console = Console::start(&db);
+    let addr = console.base.trim_start_matches("http://").to_owned();
+    let mut sock = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    sock.write_all(b"GET /signin HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let mut buf = [0u8; 512];
+    let closed = tokio::time::timeout(Duration::from_secs(50), async {
+        loop {
+            match sock.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "still open after 50 s");
+    assert!(t0.elapsed() >= Duration::from_secs(20), "closed too early");
+    // The console still answers.
+    let res = http().get(console.url("/signin")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
 }
