@@ -6,25 +6,30 @@
 //! due time it makes; the claim loop sleeps until the earliest and drops the passed ones
 //! once it has armed every lane.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::support::lock;
 
-/// Most alarms kept: beyond this a deferred message is found by the next poll instead.
+/// Most alarms kept: beyond this the latest are dropped, and the messages they were for are
+/// found by the next poll instead.
 const MAX_ALARMS: usize = 4096;
 
+/// The alarms in time order; the number tells apart alarms set for the same instant.
 #[derive(Default)]
-pub(super) struct Alarms(Mutex<BinaryHeap<Reverse<Instant>>>);
+pub(super) struct Alarms(Mutex<(BTreeSet<(Instant, u64)>, u64)>);
 
 impl Alarms {
-    /// Wakes the idle claim loop at `at`.
+    /// Wakes the idle claim loop at `at`. When full, the latest alarm goes: a breaker's
+    /// backlog deferred 40 s out must not crowd out a rate limit's 20 ms.
     pub(super) fn set(&self, at: Instant) {
-        let mut alarms = lock(&self.0);
-        if alarms.len() < MAX_ALARMS {
-            alarms.push(Reverse(at));
+        let mut guard = lock(&self.0);
+        let (alarms, seq) = &mut *guard;
+        *seq = seq.wrapping_add(1);
+        alarms.insert((at, *seq));
+        if alarms.len() > MAX_ALARMS {
+            alarms.pop_last();
         }
     }
 
@@ -32,14 +37,15 @@ impl Alarms {
     /// busy still wakes it once ([`Alarms::served`] drops it then). Dropping it here instead
     /// lost it: the row it was for waited for the next poll.
     pub(super) fn next(&self) -> Option<Instant> {
-        lock(&self.0).peek().map(|Reverse(at)| *at)
+        lock(&self.0).0.first().map(|(at, _)| *at)
     }
 
     /// Drops the alarms that have passed by `now`: the loop has just armed every lane.
     pub(super) fn served(&self, now: Instant) {
-        let mut alarms = lock(&self.0);
-        while alarms.peek().is_some_and(|Reverse(at)| *at <= now) {
-            alarms.pop();
+        let mut guard = lock(&self.0);
+        let alarms = &mut guard.0;
+        while alarms.first().is_some_and(|(at, _)| *at <= now) {
+            alarms.pop_first();
         }
     }
 }
@@ -86,12 +92,33 @@ mod tests {
     }
 
     #[test]
-    fn alarms_beyond_the_cap_are_not_kept() {
+    fn alarms_for_the_same_instant_are_each_kept() {
+        let alarms = Alarms::default();
+        let t = Instant::now() + Duration::from_secs(1);
+        alarms.set(t);
+        alarms.set(t);
+        assert_eq!(lock(&alarms.0).0.len(), 2);
+    }
+
+    /// Full of far alarms (a breaker's backlog deferred 40 s out), a near one (a rate
+    /// limit's) still counts, and the latest goes instead.
+    #[test]
+    fn when_full_the_latest_alarms_go() {
         let alarms = Alarms::default();
         let t0 = Instant::now();
-        for i in 0..MAX_ALARMS as u64 + 10 {
-            alarms.set(t0 + Duration::from_millis(i));
+        for i in 0..MAX_ALARMS as u64 {
+            alarms.set(t0 + Duration::from_secs(40) + Duration::from_millis(i));
         }
-        assert_eq!(lock(&alarms.0).len(), MAX_ALARMS);
+        let near = t0 + Duration::from_millis(20);
+        alarms.set(near);
+        assert_eq!(alarms.next(), Some(near));
+        let kept = lock(&alarms.0).0.len();
+        assert_eq!(kept, MAX_ALARMS);
+        let last = lock(&alarms.0).0.last().map(|(at, _)| *at);
+        assert_eq!(
+            last,
+            Some(t0 + Duration::from_secs(40) + Duration::from_millis(MAX_ALARMS as u64 - 2)),
+            "the latest was dropped"
+        );
     }
 }

@@ -174,6 +174,10 @@ impl ClaimLoop {
             };
             match event {
                 Event::Shutdown => {
+                    // First, so that no row waiting for a slot starts a request while the
+                    // claims in flight are awaited (up to CLAIMS_AT_SHUTDOWN): from here on
+                    // such rows are given back unsent. `shut_down` cancels it again.
+                    self.shared.stopping.cancel();
                     self.give_back_claims_in_flight().await;
                     return;
                 }

@@ -115,7 +115,11 @@ impl Gates {
             let host = host_mut(&mut hosts, destination);
             if host.inflight >= cap {
                 let mean = host.mean.unwrap_or(self.timeout / 4);
-                let step = (mean / cap as u32).clamp(MIN_DEFER, self.timeout);
+                // Not `clamp`: a webhook timeout under MIN_DEFER (`--webhook-timeout 5ms`
+                // is allowed) would make its bounds cross, and it panics then.
+                let step = (mean / u32::try_from(cap).unwrap_or(u32::MAX))
+                    .max(MIN_DEFER)
+                    .min(self.timeout.max(MIN_DEFER));
                 let delay = next_slot(&mut host.next, now, step, self.timeout);
                 return Admission::Defer(DeferReason::HostBusy, delay);
             }
@@ -221,6 +225,24 @@ mod tests {
             Admission::Go(_) => None,
             Admission::Defer(r, d) => Some((r, d)),
         }
+    }
+
+    /// A webhook timeout shorter than the shortest deferral is allowed, and a busy host
+    /// must not panic the delivery task then (it did, through `clamp`'s crossed bounds).
+    #[test]
+    fn a_timeout_below_the_shortest_deferral_still_defers() {
+        let g = Gates::new(
+            DestinationLimits {
+                host_concurrency: 1,
+                rate_limits: RateLimits::parse("").unwrap(),
+            },
+            Duration::from_millis(5),
+        );
+        let t = Instant::now();
+        let _held = g.admit_at("a.example", t);
+        let (reason, delay) = defer(g.admit_at("a.example", t)).unwrap();
+        assert_eq!(reason, DeferReason::HostBusy);
+        assert!(delay >= MIN_DEFER, "{delay:?}");
     }
 
     #[test]

@@ -219,6 +219,11 @@ impl Worker {
         // No more sweeps once the loop stops claiming: what they settled would not be claimed
         // by this worker, and one started now could hold the stop up by a database timeout.
         sweep_stop.cancel();
+        // Nor wake-ups: the LISTEN connection goes now, and with it the idle mark, so that
+        // enqueuers stop notifying on this worker's account while it finishes.
+        if let Some(l) = &listener {
+            l.abort();
+        }
         let (tasks, done_tx) = claims.into_parts();
 
         let completed = shut_down(&shared, tasks, done_tx, completer, hard_stop).await;
@@ -227,9 +232,6 @@ impl Worker {
         // Before the summary is read: a sweep in progress counts what it settled first.
         if let Err(e) = sweep.await {
             tracing::error!(error = %e, "the lease sweep failed");
-        }
-        if let Some(l) = listener {
-            l.abort();
         }
         completed?;
         let summary = lock(&shared.summary).clone();

@@ -60,6 +60,12 @@ pub(super) async fn listen(
                 if let Ok(Some(e)) = driver.await {
                     tracing::warn!(error = %e, "LISTEN connection lost; polling until it is back");
                 }
+                // The claim loop has stopped (its end of the idle channel is gone): nothing
+                // is left to wake, and reconnecting would take the idle mark again, every
+                // back-off, until the worker's shutdown ends.
+                if idle.has_changed().is_err() {
+                    return;
+                }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot open the LISTEN connection; polling until it is back")

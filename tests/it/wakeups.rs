@@ -246,3 +246,52 @@ async fn a_wake_up_during_a_claim_is_not_lost() {
     );
     worker.stop().await;
 }
+
+/// Sessions opened on the test's database so far (each connection counts once).
+async fn sessions(c: &tokio_postgres::Client) -> i64 {
+    c.batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    c.query_one(
+        "SELECT sessions FROM pg_stat_database WHERE datname = current_database()",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Once the claim loop stops, the LISTEN connection goes and stays gone: while the worker
+/// finishes an attempt in flight it does not reconnect (it used to, every back-off, taking
+/// the idle mark each time, so enqueuers notified for a worker that was leaving).
+#[tokio::test]
+async fn a_stopping_worker_does_not_reconnect_its_listen_connection() {
+    let db = TestDb::new().await;
+    let receiver = Receiver::start().await;
+    receiver.script([Reply::Stall(Duration::from_secs(3))]);
+    let mut cfg = test_worker_config("leaving");
+    cfg.poll_interval = Duration::from_secs(3600);
+    let mut webhook = test_webhook_config();
+    webhook.timeout = Duration::from_secs(5);
+    let worker = RunningWorker::start(&db, cfg, webhook);
+    wait_for_idle_marks(&db, 1, "the idle worker to hold the mark").await;
+    enqueue_webhook(&db, "slow:1", &receiver.url("/slow"), 3, true).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the slow attempt to start",
+        || async { !receiver.requests().is_empty() },
+    )
+    .await;
+    // Idle again (nothing else to claim) while the attempt is in flight.
+    wait_for_idle_marks(&db, 1, "the worker to go idle beside its attempt").await;
+    let c = db.client().await;
+    let before = sessions(&c).await;
+    let summary = worker.stop().await;
+    assert_eq!(summary.delivered, 1, "the attempt in flight finished");
+    let opened = sessions(&c).await - before;
+    assert!(
+        opened <= 1,
+        "{opened} sessions opened while the worker was stopping"
+    );
+    assert_eq!(idle_marks(&db).await, 0);
+}
