@@ -11,8 +11,8 @@
 //! brings the pushed backlog back ([`queries::BREAKER_RESTORE`]).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
@@ -65,6 +65,12 @@ pub(super) struct Breakers {
     window: Duration,
     view: Mutex<HashMap<String, HostView>>,
     refreshed: Mutex<Option<Instant>>,
+    /// A refresh is running (the claim loop starts them in tasks of their own).
+    refreshing: AtomicBool,
+    /// One backlog push or restore statement at a time: several hosts opening together must
+    /// not take every connection of the general pool, which the sweep, retention and the
+    /// view's refresh share.
+    backlog_turn: Arc<tokio::sync::Semaphore>,
     /// The destination of each claimed row in flight, by id, for the completer, and
     /// whether it goes as its host's probe.
     inflight: Mutex<HashMap<i64, InFlight>>,
@@ -107,6 +113,8 @@ impl Breakers {
             window: webhook_timeout + crate::config::LEASE_MARGIN,
             view: Mutex::new(HashMap::new()),
             refreshed: Mutex::new(None),
+            refreshing: AtomicBool::new(false),
+            backlog_turn: Arc::new(tokio::sync::Semaphore::new(1)),
             inflight: Mutex::new(HashMap::new()),
             unrecorded: Mutex::new(HashMap::new()),
             tickets: AtomicU64::new(0),
@@ -119,18 +127,39 @@ impl Breakers {
         self.threshold > 0
     }
 
-    /// Reads the non-closed and failing hosts, at most once per `every`.
+    /// Reads the non-closed and failing hosts, at most once per `every`, and waits for it.
     pub(super) async fn refresh(&self, pool: &Pool, every: Duration) {
-        if !self.enabled() {
-            return;
+        if self.begin_refresh(every) {
+            self.run_refresh(pool).await;
         }
-        {
-            let mut last = lock(&self.refreshed);
-            if last.is_some_and(|t| t.elapsed() < every) {
-                return;
+    }
+
+    /// Whether a refresh is due (at most once per `every`) and none is running; if so, it
+    /// counts as begun, and [`Breakers::run_refresh`] must follow. The claim loop runs that
+    /// in a task of its own: it must not wait for the general pool, which a backlog push,
+    /// retention, the sweep or a scrape may all have in use.
+    pub(super) fn begin_refresh(&self, every: Duration) -> bool {
+        if !self.enabled() || self.refreshing.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        let mut last = lock(&self.refreshed);
+        if last.is_some_and(|t| t.elapsed() < every) {
+            self.refreshing.store(false, Ordering::SeqCst);
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
+    }
+
+    /// The refresh [`Breakers::begin_refresh`] began; ends it whichever way it goes.
+    pub(super) async fn run_refresh(&self, pool: &Pool) {
+        struct Ending<'a>(&'a AtomicBool);
+        impl Drop for Ending<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
             }
-            *last = Some(Instant::now());
         }
+        let _ending = Ending(&self.refreshing);
         let rows = match query(pool, queries::BREAKER_VIEW, &[]).await {
             Ok(r) => r,
             Err(e) => {
@@ -469,13 +498,18 @@ impl Breakers {
                             probe_row: false,
                         },
                     );
-                    tokio::spawn(push(pool.clone(), host, self.window));
+                    tokio::spawn(push(
+                        pool.clone(),
+                        self.backlog_turn.clone(),
+                        host,
+                        self.window,
+                    ));
                 }
                 Some(Circuit::Closed) => {
                     tracing::info!(host = %Escaped(&host), "breaker closed");
                     lock(&self.view).remove(&host);
                     if let Some(at) = pushed {
-                        tokio::spawn(restore(pool.clone(), host, at));
+                        tokio::spawn(restore(pool.clone(), self.backlog_turn.clone(), host, at));
                     }
                 }
                 _ => {}
@@ -503,12 +537,16 @@ async fn query(
 }
 
 /// Pushes an open host's backlog past its cooldown, in batches, off the hot path.
-async fn push(pool: Pool, host: String, window: Duration) {
+async fn push(pool: Pool, turn: Arc<tokio::sync::Semaphore>, host: String, window: Duration) {
     let window = window.as_secs_f64();
     let near = NEAR.as_secs_f64();
     let mut total = 0i64;
     let mut after = 0i64;
     loop {
+        // Per statement: hosts that opened together take turns, batch by batch.
+        let Ok(_turn) = turn.acquire().await else {
+            return;
+        };
         let moved = query(
             &pool,
             queries::BREAKER_PUSH,
@@ -537,7 +575,15 @@ async fn push(pool: Pool, host: String, window: Duration) {
 }
 
 /// Brings a closed host's pushed backlog back: due at once.
-async fn restore(pool: Pool, host: String, at: std::time::SystemTime) {
+async fn restore(
+    pool: Pool,
+    turn: Arc<tokio::sync::Semaphore>,
+    host: String,
+    at: std::time::SystemTime,
+) {
+    let Ok(_turn) = turn.acquire().await else {
+        return;
+    };
     let restored = bounded(async {
         let client = checkout(&pool).await?;
         crate::ops::restore_backlog(&**client, &host, at)

@@ -286,11 +286,13 @@ impl ClaimLoop {
         let cfg = &shared.cfg;
         // Every turn, as the old round did, whether or not a claim can start: a worker whose
         // places are all taken by slow requests still learns that another worker opened a
-        // host, before its rows claimed ahead ask `recheck`. (Both are rate-limited.)
-        shared
-            .breakers
-            .refresh(&shared.pools.general, cfg.poll_interval)
-            .await;
+        // host, before its rows claimed ahead ask `recheck`. (Both are rate-limited.) In a
+        // task of its own: the loop must not wait for the general pool, which may be busy
+        // (the first refresh, before the first claim, is awaited in `Worker::run`).
+        if shared.breakers.begin_refresh(cfg.poll_interval) {
+            let s = shared.clone();
+            tokio::spawn(async move { s.breakers.run_refresh(&s.pools.general).await });
+        }
         if self.plans_made.elapsed() >= super::PLAN_REFRESH {
             shared.pools.refresh_plans();
             self.plans_made = Instant::now();

@@ -212,6 +212,12 @@ impl Worker {
             watch_every,
             watch_stop.clone(),
         ));
+        // The breakers' view before the first claim, so that its rows meet the gate with
+        // what other workers opened; later refreshes run beside the loop.
+        shared
+            .breakers
+            .refresh(&shared.pools.general, Duration::ZERO)
+            .await;
         let sweep_stop = CancellationToken::new();
         let sweep = tokio::spawn(sweep::expired_leases(shared.clone(), sweep_stop.clone()));
         let mut claims = ClaimLoop::new(shared.clone(), done_tx, idle_tx);

@@ -173,3 +173,45 @@ async fn an_applications_own_pool_keeps_its_prepared_statements() {
         "the worker emptied the statement cache of the application's pool"
     );
 }
+
+/// The general pool can be busy for a while (a breaker's backlog pushed, retention, the
+/// lease sweep, a scrape all use it). The claim loop must not wait for it: here its one
+/// connection is held by someone else throughout, and due messages still go at once. (The
+/// loop used to read the breakers' view inline every turn, and waited up to 30 s for a
+/// connection each time.)
+#[tokio::test]
+async fn a_busy_general_pool_does_not_hold_the_deliveries_up() {
+    use crate::common::receiver::Receiver;
+    use outboxd::deliver::Deliverers;
+    use outboxd::deliver::webhook::WebhookSender;
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    let pools = Pools::new(&db.database(), 1).unwrap();
+    let general = pools.general.clone();
+    let deliverers = Deliverers {
+        webhook: WebhookSender::new(&test_webhook_config()).unwrap(),
+        email: None,
+    };
+    let worker = outboxd::worker::Worker::new(pools, test_worker_config("w"), deliverers, None);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        let _ = stop_rx.await;
+    }));
+    // Let the worker start (its first view of the breakers is read before it claims), then
+    // take the general pool's only connection away from it.
+    enqueue_webhook(&db, "first", &rx.url("/h"), 3, true).await;
+    wait_for_state(&db, "first", "delivered", Duration::from_secs(10)).await;
+    let held = general.get().await.unwrap();
+    for i in 0..5 {
+        let key = format!("busy:{i}");
+        enqueue_webhook(&db, &key, &rx.url("/h"), 3, true).await;
+        wait_for_state(&db, &key, "delivered", Duration::from_secs(5)).await;
+    }
+    drop(held);
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the worker stops")
+        .unwrap()
+        .unwrap();
+}
