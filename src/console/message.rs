@@ -50,8 +50,16 @@ fn opt(s: &Option<String>) -> String {
 }
 
 fn body(d: &MessageDetail, signed: &Signed) -> Markup {
-    let pretty =
-        |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
+    // JSON escapes control characters in strings but not U+2028, U+2029 or the
+    // bidirectional overrides, which would make the page show text other than what is
+    // stored: each line goes through `text::escape` (the pretty printer's newlines stay).
+    let pretty = |v: &serde_json::Value| {
+        let text = serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
+        text.lines()
+            .map(crate::text::escape)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     html! {
         section {
             dl id="fields" {

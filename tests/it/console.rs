@@ -1163,3 +1163,36 @@ async fn a_request_head_that_never_ends_is_cut_off() {
     let res = http().get(console.url("/signin")).send().await.unwrap();
     assert_eq!(res.status(), 200);
 }
+
+/// A payload's text with a bidirectional override (or a line separator) is shown escaped:
+/// the page must not show text other than what is stored. JSON leaves those characters as
+/// they are; the payload's and the response's lines go through the console's escaping.
+#[tokio::test]
+async fn a_payload_with_bidi_overrides_is_shown_escaped() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let msg = outboxd::NewMessage::webhook(
+        "bidi:1",
+        serde_json::json!({"url": "https://h.example/", "body": {"note": "pay \u{202e}0001$ to\u{2028}x"}}),
+    )
+    .held(true);
+    let id = outboxd::enqueue(&c, &msg).await.unwrap().id;
+    c.execute(
+        "UPDATE outbox.messages SET response = '{\"status\": 200, \"body\": \"\u{2066}ok\"}' WHERE id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    let console = Console::start(&db);
+    let s = sign_in(&console, "ops").await;
+    let page = get(&console.url(&format!("/message/{id}")), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    for raw in ['\u{202e}', '\u{2028}', '\u{2066}'] {
+        assert!(!page.contains(raw), "{:?} reached the page", raw);
+    }
+    assert!(page.contains("pay \\u{202e}0001$ to\\u{2028}x"), "{page}");
+    assert!(page.contains("\\u{2066}ok"), "{page}");
+}
