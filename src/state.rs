@@ -153,6 +153,15 @@ pub struct Budget {
     /// took effect. So an ambiguous failure with budget left goes on to that attempt even
     /// when `retry_ambiguous` is false.
     pub reconcile: bool,
+    /// Did the attempt before this one end ambiguous (it may have taken effect)? Then an
+    /// attempt that sent nothing (`invalid`: its destination or its lookup refused by the
+    /// guard, a secret not configured on this worker) leaves the message as unknown as it
+    /// found it, and counts as ambiguous: retried by the ambiguous rule, and at the end
+    /// `dead` with class `ambiguous`, for a person to find out (and `outboxd confirm` to
+    /// settle), not `invalid`, which says nothing was ever sent and invites a replay. (The
+    /// contract's word for a lookup that cannot be made: "the attempt is ambiguous again
+    /// and counts".)
+    pub after_ambiguous: bool,
 }
 
 /// Maps how an attempt ended ([`Ended`], or the class of its failure: `None` when it was
@@ -165,7 +174,8 @@ pub struct Budget {
 ///   lookup (`reconcile`: the next attempt asks before it sends); on the last attempt, or
 ///   when neither holds, `dead` with class `ambiguous`, because a person must find out
 ///   whether it took effect before replaying it;
-/// * permanent and invalid: `dead` at once.
+/// * permanent and invalid: `dead` at once; but an invalid attempt after an ambiguous one
+///   sent nothing, so the earlier one's outcome is still unknown: it counts as ambiguous.
 ///
 /// `retry_after` is the provider's own wish (HTTP `Retry-After`), honoured up to the
 /// policy's maximum; `jitter` is a sample in `[0, 1)` (passed in so this stays pure).
@@ -180,6 +190,10 @@ pub fn decide(
         Ended::Delivered => return Transition::Delivered,
         Ended::Reconciled => return Transition::Reconciled,
         Ended::Failed(class) => class,
+    };
+    let class = match class {
+        ErrorClass::Invalid if budget.after_ambiguous => ErrorClass::Ambiguous,
+        class => class,
     };
     let budget_left = budget.attempt < budget.max_attempts;
     let delay = || policy.delay(budget.attempt, retry_after, jitter);
@@ -223,6 +237,14 @@ mod tests {
             max_attempts,
             retry_ambiguous,
             reconcile: false,
+            after_ambiguous: false,
+        }
+    }
+
+    fn after_ambiguous(attempt: i32, max_attempts: i32, retry_ambiguous: bool) -> Budget {
+        Budget {
+            after_ambiguous: true,
+            ..budget(attempt, max_attempts, retry_ambiguous)
         }
     }
 
@@ -284,6 +306,35 @@ mod tests {
             (failed(Permanent), reconciling(1, 3, false), dead(Permanent)),
             (failed(Permanent), budget(1, 3, true), dead(Permanent)),
             (failed(Invalid), budget(1, 3, true), dead(Invalid)),
+            // Nothing sent after an attempt that may have taken effect: still unknown.
+            (
+                failed(Invalid),
+                after_ambiguous(2, 3, true),
+                Transition::Retry {
+                    class: Ambiguous,
+                    delay: Duration::from_secs(10),
+                },
+            ),
+            (
+                failed(Invalid),
+                after_ambiguous(2, 3, false),
+                dead(Ambiguous),
+            ),
+            (
+                failed(Invalid),
+                after_ambiguous(3, 3, true),
+                dead(Ambiguous),
+            ),
+            (
+                failed(Transient),
+                after_ambiguous(3, 3, true),
+                dead(Exhausted),
+            ),
+            (
+                failed(Permanent),
+                after_ambiguous(2, 3, true),
+                dead(Permanent),
+            ),
             (failed(Exhausted), budget(1, 3, true), dead(Exhausted)),
         ];
         for (ended, budget, want) in cases {

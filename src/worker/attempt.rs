@@ -189,6 +189,7 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
         max_attempts: msg.max_attempts,
         retry_ambiguous: msg.retry_ambiguous,
         reconcile: msg.reconcile,
+        after_ambiguous: msg.previous_class == Some(ErrorClass::Ambiguous),
     };
     let jitter: f64 = rand::random();
     let reconciled = attempted.reconciled();
@@ -229,6 +230,11 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
                         err.message, msg.attempt, msg.max_attempts
                     )
                 }
+                // `decide` counted it as ambiguous: say why, since the error is the guard's.
+                Some(ErrorClass::Ambiguous) if err.class == ErrorClass::Invalid => format!(
+                    "{}; nothing was sent, and an earlier attempt may have taken effect",
+                    err.message
+                ),
                 _ => err.message.clone(),
             };
             Completion {

@@ -914,6 +914,7 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
                     max_attempts,
                     retry_ambiguous,
                     reconcile: false,
+                    after_ambiguous: false,
                 };
                 let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
                 let got: String = client
@@ -942,6 +943,7 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
                         max_attempts,
                         retry_ambiguous,
                         reconcile,
+                        after_ambiguous: false,
                     };
                     let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
                     let got: String = client
@@ -1002,6 +1004,7 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
             max_attempts: *max_attempts,
             retry_ambiguous: *retry_ambiguous,
             reconcile: *payload == reconciling,
+            after_ambiguous: false,
         };
         let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
         match want {

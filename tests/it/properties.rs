@@ -490,7 +490,7 @@ proptest! {
         retry_after in prop::option::of((0u64..7_200_000).prop_map(Duration::from_millis)),
         jitter in 0.0f64..1.0,
     ) {
-        let budget = Budget { attempt, max_attempts, retry_ambiguous, reconcile };
+        let budget = Budget { attempt, max_attempts, retry_ambiguous, reconcile, after_ambiguous: false };
         let t = decide(failure, budget, &p, retry_after, jitter);
         let last = attempt >= max_attempts;
 

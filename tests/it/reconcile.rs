@@ -455,8 +455,11 @@ async fn a_reconcile_url_naming_a_host_that_resolves_to_a_forbidden_address_is_i
     assert_eq!(lookup.requests().len(), 0);
 }
 
+/// The contract: a lookup that cannot be made leaves the attempt "ambiguous again", and
+/// it counts. (This was `invalid` once, which said nothing was ever sent: the first
+/// request was.)
 #[tokio::test]
-async fn a_reconcile_url_refused_at_lookup_time_is_invalid() {
+async fn a_reconcile_url_refused_at_lookup_time_is_ambiguous_again() {
     // The first attempt is sent (the reconcile host is allowed by name then); the lookup
     // goes to a host the policy refuses: the connection is never made.
     let db = TestDb::new().await;
@@ -501,7 +504,11 @@ async fn a_reconcile_url_refused_at_lookup_time_is_invalid() {
         .unwrap();
     let row = wait_for_state(&db, key, "dead", WAIT).await;
     w.stop().await;
-    assert_eq!(row.error_class.as_deref(), Some("invalid"));
+    assert_eq!(row.error_class.as_deref(), Some("ambiguous"), "{row:?}");
+    assert_eq!(
+        row.attempts, 3,
+        "each refused lookup counts, to the end of the budget"
+    );
     assert_eq!(calls(&rx), [POST], "no lookup and no resend");
 }
 
@@ -665,4 +672,68 @@ async fn an_encoded_line_break_in_the_reconcile_url_injects_nothing() {
         "/l%0d%0aX-Injected:%201",
         "sent as written, encoded"
     );
+}
+
+/// An attempt after an ambiguous one that can send nothing (its destination no longer
+/// allowed: a worker configured otherwise in a rolling deploy, or a name that now points
+/// somewhere private) leaves the message as unknown as it found it: dead `ambiguous`, for
+/// a person to check and `outboxd confirm` to settle, not `invalid`, which says nothing
+/// was ever sent and invites a replay.
+#[tokio::test]
+async fn an_attempt_that_sends_nothing_after_an_ambiguous_one_is_dead_ambiguous() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script(vec![Reply::Stall(STALL)]);
+    let key = "rec:after-ambiguous";
+    enqueue(&db, key, payload(&rx), 3, true).await;
+    // The first worker may reach the receiver (on 127.0.0.1): its request is accepted and
+    // stalls past the timeout.
+    let w = RunningWorker::start(&db, test_worker_config("w1"), short_timeout());
+    wait_until(WAIT, "the first attempt to end ambiguous", || async {
+        attempts(&db, key).await.len() == 1
+    })
+    .await;
+    w.stop().await;
+    // The next worker refuses private networks: it can send neither the lookup nor the
+    // request.
+    let refusing = WebhookConfig {
+        destinations: DestinationPolicy {
+            allow_private_networks: false,
+            ..Default::default()
+        },
+        ..short_timeout()
+    };
+    let w = RunningWorker::start(&db, test_worker_config("w2"), refusing);
+    let row = wait_for_state(&db, key, "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(row.error_class.as_deref(), Some("ambiguous"), "{row:?}");
+    let err = row.last_error.unwrap();
+    assert!(
+        err.contains("earlier attempt may have taken effect"),
+        "{err}"
+    );
+    assert_eq!(
+        attempts(&db, key).await,
+        vec![
+            att(1, "retry", Some("ambiguous"), None),
+            att(2, "retry", Some("ambiguous"), None),
+            att(3, "dead", Some("ambiguous"), None),
+        ]
+    );
+    assert_eq!(rx.requests().len(), 1, "only the first request left");
+    // `outboxd confirm` settles exactly such a row.
+    let id: i64 = db
+        .scalar(&format!(
+            "SELECT id FROM outbox.messages WHERE message_key = '{key}'"
+        ))
+        .await;
+    let c = db.client().await;
+    c.execute("SELECT * FROM outbox.confirm(ARRAY[$1::bigint])", &[&id])
+        .await
+        .unwrap();
+    assert_eq!(row_state_of(&db, key).await, "delivered");
+}
+
+async fn row_state_of(db: &TestDb, key: &str) -> String {
+    crate::common::row(db, key).await.state
 }

@@ -266,6 +266,8 @@ async fn receiver_faults_end_in_the_right_state_with_the_right_class() {
                 max_attempts,
                 retry_ambiguous,
                 reconcile: false,
+                after_ambiguous: n > 1
+                    && class_of(pick(i, n as usize - 1)) == Some(ErrorClass::Ambiguous),
             };
             match decide(class_of(pick(i, n as usize)), budget, &policy, None, 0.0) {
                 Transition::Delivered | Transition::Reconciled => break ("delivered", None),
