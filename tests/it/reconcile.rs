@@ -737,3 +737,67 @@ async fn an_attempt_that_sends_nothing_after_an_ambiguous_one_is_dead_ambiguous(
 async fn row_state_of(db: &TestDb, key: &str) -> String {
     crate::common::row(db, key).await.state
 }
+
+/// A lookup that takes most of the attempt's time leaves the request little: if the time
+/// runs out while the request is still connecting, nothing was sent, and the attempt is
+/// transient, not ambiguous (which would ask a person about a request that never left).
+/// Here the lookup answers 404 after 700 ms of a 1 s attempt, and the request goes to an
+/// address that accepts TCP and never completes TLS.
+#[tokio::test]
+async fn time_running_out_while_connecting_after_a_lookup_is_transient() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script(vec![
+        Reply::Stall(STALL),
+        Reply::Slow(Duration::from_millis(700), 404),
+    ]);
+    // Accepts connections and says nothing: a TLS handshake never ends.
+    let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hole_port = hole.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = hole.accept().await {
+            held.push(sock);
+        }
+    });
+    let key = "rec:late-connect";
+    enqueue(&db, key, payload(&rx), 2, true).await;
+    let cfg = WebhookConfig {
+        timeout: Duration::from_secs(1),
+        ..test_webhook_config()
+    };
+    let slow_retry = outboxd::config::WorkerConfig {
+        retry: outboxd::retry::RetryPolicy {
+            base: Duration::from_secs(2),
+            max: Duration::from_secs(2),
+        },
+        ..test_worker_config("w")
+    };
+    let w = RunningWorker::start(&db, slow_retry, cfg);
+    wait_until(WAIT, "the first attempt to end ambiguous", || async {
+        attempts(&db, key).await.len() == 1
+    })
+    .await;
+    db.client()
+        .await
+        .execute(
+            "UPDATE outbox.messages SET payload = jsonb_set(payload, '{url}', to_jsonb($2::text)) \
+             WHERE message_key = $1",
+            &[&key, &format!("https://127.0.0.1:{hole_port}/hook")],
+        )
+        .await
+        .unwrap();
+    let row = wait_for_state(&db, key, "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(
+        attempts(&db, key).await,
+        vec![
+            att(1, "retry", Some("ambiguous"), None),
+            att(2, "dead", Some("exhausted"), None),
+        ],
+        "{row:?}"
+    );
+    let err = row.last_error.unwrap();
+    assert!(err.contains("before the request"), "{err}");
+    assert_eq!(calls(&rx), [POST, GET], "the lookup was made");
+}

@@ -36,6 +36,15 @@ pub(super) fn classify_error(err: SendError, host: &str, timeout: Duration) -> D
         SendError::Build(why) => {
             return DeliveryError::invalid(format!("cannot build the request to {host}: {why}"));
         }
+        SendError::TimedOutUnsent => {
+            return DeliveryError::new(
+                ErrorClass::Transient,
+                format!(
+                    "timed out before the request to {host} was sent (the attempt's {}ms ran out while connecting)",
+                    timeout.as_millis()
+                ),
+            );
+        }
         SendError::TimedOut => {
             return DeliveryError::new(
                 ErrorClass::Ambiguous,

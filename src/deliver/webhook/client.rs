@@ -29,6 +29,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -56,9 +57,15 @@ pub enum SendError {
     /// The request could not be built from the payload's parts (nothing was sent).
     #[error("cannot build the request: {0}")]
     Build(String),
-    /// The attempt's deadline passed before the response's head arrived.
+    /// The attempt's deadline passed before the response's head arrived, after hyper had
+    /// begun writing the request's body: the receiver may have the whole request.
     #[error("timed out")]
     TimedOut,
+    /// The attempt's deadline passed before hyper asked for the request's body: still
+    /// connecting (a lookup before it had taken most of the time), or waiting for a
+    /// connection. A receiver cannot act on a request whose body it never got.
+    #[error("timed out before the request was sent")]
+    TimedOutUnsent,
     /// The client's error: connecting, writing or reading (the chain says which).
     #[error(transparent)]
     Client(#[from] hyper_util::client::legacy::Error),
@@ -72,7 +79,7 @@ pub struct ConnectTimedOut(Duration);
 /// The shared client: one keep-alive pool per destination, clones share it.
 #[derive(Clone, Debug)]
 pub struct HttpClient {
-    inner: Client<Connector, Full<Bytes>>,
+    inner: Client<Connector, Tracked>,
     user_agent: HeaderValue,
 }
 
@@ -142,14 +149,64 @@ impl HttpClient {
         headers
             .entry(header::ACCEPT)
             .or_insert_with(|| HeaderValue::from_static("*/*"));
-        let mut req = hyper::Request::new(Full::new(body));
+        // An empty body is never asked for, and a head too large for hyper's write buffer
+        // is flushed before the body is asked for (a receiver could act on a head alone):
+        // neither can tell sent from unsent, so such a request times out as sent (the
+        // careful side).
+        let head_len: usize = headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 4)
+            .sum();
+        let can_tell = !body.is_empty() && head_len + url.as_str().len() < SMALL_HEAD;
+        let asked = Arc::new(AtomicBool::new(false));
+        let mut req = hyper::Request::new(Tracked {
+            inner: Full::new(body),
+            asked: asked.clone(),
+        });
         *req.method_mut() = method;
         *req.uri_mut() = uri;
         *req.headers_mut() = headers;
         match tokio::time::timeout_at(deadline, self.inner.request(req)).await {
             Ok(r) => Ok(r?),
+            Err(_) if can_tell && !asked.load(Ordering::Acquire) => Err(SendError::TimedOutUnsent),
             Err(_) => Err(SendError::TimedOut),
         }
+    }
+}
+
+/// A request head this much smaller than hyper's write buffer (400 KiB) is buffered whole
+/// before the body is asked for.
+const SMALL_HEAD: usize = 64 * 1024;
+
+/// The request's body, which notes when hyper first asks for it. hyper's HTTP/1 client
+/// asks for the body only on a connection it is writing the request to, before it flushes
+/// anything but (for a very large head) the head: until then the receiver cannot hold the
+/// whole request, so a deadline passed before is a request never sent (transient), where
+/// one passed after may have been acted on (ambiguous).
+#[derive(Debug)]
+pub struct Tracked {
+    inner: Full<Bytes>,
+    asked: Arc<AtomicBool>,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        self.asked.store(true, Ordering::Release);
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
