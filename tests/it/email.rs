@@ -1435,3 +1435,25 @@ async fn long_headers_are_folded_and_a_real_server_reads_them_back_exactly() {
         [(reply_name.to_owned(), "help@shop.example".to_owned())]
     );
 }
+
+/// A Reply-To address that is not ASCII is written as it is into the header (no encoding
+/// can carry it), which only SMTPUTF8 allows: the transaction asks for it although the
+/// envelope's own addresses are ASCII. (It used to be sent as raw UTF-8 without.)
+#[tokio::test]
+async fn a_non_ascii_reply_to_asks_for_smtputf8() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    let mut payload = simple(&["a@example.com"]);
+    payload["reply_to"] = json!("jörg@bücher.example");
+    enqueue_email(&db, "utf8:reply-to", payload, 3, true).await;
+    let w = start(&db, email_config(&fake.url()));
+    wait_for_state(&db, "utf8:reply-to", "delivered", WAIT).await;
+    w.stop().await;
+    let mail: Vec<String> = fake
+        .commands()
+        .into_iter()
+        .filter(|c| c.to_ascii_uppercase().starts_with("MAIL FROM"))
+        .collect();
+    assert_eq!(mail.len(), 1, "{mail:?}");
+    assert!(mail[0].contains("SMTPUTF8"), "{mail:?}");
+}

@@ -103,11 +103,16 @@ impl Inner {
             return Err(DeliveryError::invalid("the message has no sender address"));
         };
         let mut params = Vec::new();
-        let needs_utf8 = envelope
-            .to()
-            .iter()
-            .chain(envelope.from())
-            .any(|a| !a.to_string().is_ascii());
+        // A non-ASCII address in the envelope, or in a header: lettre encodes bodies and
+        // display names as 7-bit, so content that is not ASCII holds an address written
+        // as it is (a Reply-To's, which the envelope does not carry), which only
+        // SMTPUTF8 allows (RFC 6532).
+        let needs_utf8 = !content.is_ascii()
+            || envelope
+                .to()
+                .iter()
+                .chain(envelope.from())
+                .any(|a| !a.to_string().is_ascii());
         if needs_utf8 {
             if !conn.server_info().supports_feature(Extension::SmtpUtfEight) {
                 self.checkin(conn, Ended::Reusable { dirty: false });
