@@ -20,6 +20,19 @@ const RESERVED_HEADERS: [&str; 7] = [
     "webhook-signature",
 ];
 
+/// Headers that belong to the HTTP client's framing of the request, not to the
+/// application: a payload's `Transfer-Encoding: gzip` made hyper send `gzip, chunked`
+/// around plain JSON. Refused like the reserved ones.
+const FRAMING_HEADERS: [&str; 4] = ["transfer-encoding", "te", "trailer", "upgrade"];
+
+/// Is `name` (lower case, as `HeaderName` holds it) one the payload may not give? Also
+/// with `_` for `-`: CGI, WSGI and Rack map both to the same variable, so
+/// `Idempotency_Key` would reach such a receiver as the worker's own header.
+fn reserved(name: &str) -> bool {
+    let check = |n: &str| RESERVED_HEADERS.contains(&n) || FRAMING_HEADERS.contains(&n);
+    check(name) || (name.contains('_') && check(&name.replace('_', "-")))
+}
+
 /// The header map's first capacity: the seven headers the map ends up with on every
 /// request (the five of [`RESERVED_HEADERS`] the worker sets, all but `content-length`
 /// and `host`, which hyper writes; the client's `user-agent` and `accept`) and a few of
@@ -220,7 +233,7 @@ pub fn check(p: &Read, urls: Option<&UrlCache>) -> Result<Request, DeliveryError
                         crate::text::stripped(name, 64)
                     ))
                 })?;
-                if RESERVED_HEADERS.contains(&hname.as_str()) {
+                if reserved(hname.as_str()) {
                     return Err(DeliveryError::invalid(format!(
                         "payload.headers.{} is set by the worker and may not be given",
                         hname.as_str()
@@ -431,6 +444,22 @@ mod tests {
             ),
             (
                 r#"{"url": "https://x.example", "headers": {"Idempotency-Key": "v"}}"#,
+                "set by the worker",
+            ),
+            (
+                r#"{"url": "https://x.example", "headers": {"Idempotency_Key": "v"}}"#,
+                "set by the worker",
+            ),
+            (
+                r#"{"url": "https://x.example", "headers": {"WEBHOOK_SIGNATURE": "v"}}"#,
+                "set by the worker",
+            ),
+            (
+                r#"{"url": "https://x.example", "headers": {"Transfer-Encoding": "gzip"}}"#,
+                "set by the worker",
+            ),
+            (
+                r#"{"url": "https://x.example", "headers": {"Upgrade": "h2c"}}"#,
                 "set by the worker",
             ),
             (r#"[1]"#, "webhook shape"),
