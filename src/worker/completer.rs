@@ -91,11 +91,14 @@ pub(super) async fn completer(
                 "recording attempts",
                 |client| { claim::complete_cached(client, &shared.cfg.worker_id, &completions) }
             );
-            // Counted whether or not the lease was still ours: the request was made.
-            shared
-                .breakers
-                .record(&shared.pools.general, &completions)
-                .await;
+            // Counted whether or not the lease was still ours: the request was made. Not
+            // past the hard stop: the general pool may be busy, and the stop must not wait
+            // for it batch after batch.
+            tokio::select! {
+                biased;
+                _ = hard_stop.cancelled() => {}
+                _ = shared.breakers.record(&shared.pools.general, &completions) => {}
+            }
             match recorded {
                 Some(outcomes) => log_attempts(&shared, &completions, &logs, &outcomes),
                 None => tracing::error!(

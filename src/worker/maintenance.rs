@@ -76,14 +76,18 @@ pub async fn ordering_watch(pool: Pool, every: Duration, stop: CancellationToken
             _ = tokio::time::sleep(every) => {}
             _ = stop.cancelled() => return,
         }
-        let rows = bounded(async {
+        let read = bounded(async {
             let client = checkout(&pool).await?;
             client
                 .query(crate::queries::ORDERING_HELD_UP, &[&ORDERING_LOGGED])
                 .await
                 .map_err(|e| crate::db::describe(&e))
-        })
-        .await;
+        });
+        // A stop does not wait for a busy pool.
+        let rows = tokio::select! {
+            rows = read => rows,
+            _ = stop.cancelled() => return,
+        };
         match rows {
             Ok(rows) => {
                 for r in rows {

@@ -125,6 +125,9 @@ struct Shared {
     slot_time: pace::Ewma,
 }
 
+/// How long a stop waits for a lease sweep in progress.
+const SWEEP_AT_STOP: Duration = Duration::from_secs(2);
+
 /// How long after a deferred message's due time the claim loop looks for it.
 const ALARM_MARGIN: Duration = Duration::from_millis(5);
 
@@ -235,9 +238,17 @@ impl Worker {
         let completed = shut_down(&shared, tasks, done_tx, completer, hard_stop).await;
         watch_stop.cancel();
         let _ = watch.await;
-        // Before the summary is read: a sweep in progress counts what it settled first.
-        if let Err(e) = sweep.await {
-            tracing::error!(error = %e, "the lease sweep failed");
+        // Before the summary is read: a sweep in progress counts what it settled first,
+        // unless it is still waiting for a busy pool after SWEEP_AT_STOP (its statement,
+        // if it runs, settles its rows whole; only its log lines would be missing).
+        let mut sweep = sweep;
+        match tokio::time::timeout(SWEEP_AT_STOP, &mut sweep).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "the lease sweep failed"),
+            Err(_) => {
+                sweep.abort();
+                tracing::warn!("stopping without waiting longer for a lease sweep in progress");
+            }
         }
         completed?;
         let summary = lock(&shared.summary).clone();

@@ -215,3 +215,52 @@ async fn a_busy_general_pool_does_not_hold_the_deliveries_up() {
         .unwrap()
         .unwrap();
 }
+
+/// A stop is not held up by a busy general pool either: the completer's breaker
+/// counting, the lease sweep and the ordering watch give up on it at the stop. Here the
+/// pool's only connection is held throughout and a failed delivery is being counted when
+/// the worker is told to stop with a 1 s grace period.
+#[tokio::test]
+async fn a_busy_general_pool_does_not_hold_a_stop_up() {
+    use crate::common::receiver::{Receiver, Reply};
+    use outboxd::deliver::Deliverers;
+    use outboxd::deliver::webhook::WebhookSender;
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.set_default(Reply::Status(500));
+    let pools = Pools::new(&db.database(), 1).unwrap();
+    let general = pools.general.clone();
+    let deliverers = Deliverers {
+        webhook: WebhookSender::new(&test_webhook_config()).unwrap(),
+        email: None,
+    };
+    let cfg = outboxd::config::WorkerConfig {
+        shutdown_grace: Duration::from_secs(1),
+        ..test_worker_config("w")
+    };
+    let worker = outboxd::worker::Worker::new(pools, cfg, deliverers, None);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async {
+        let _ = stop_rx.await;
+    }));
+    // The worker has started (its first view of the breakers read) once it has sent this.
+    enqueue_webhook(&db, "first", &rx.url("/h"), 1, true).await;
+    wait_for_state(&db, "first", "dead", Duration::from_secs(10)).await;
+    let held = general.get().await.unwrap();
+    enqueue_webhook(&db, "failing", &rx.url("/h"), 1, true).await;
+    wait_for_state(&db, "failing", "dead", Duration::from_secs(10)).await;
+    // Its failure is now being counted, waiting for the general pool.
+    let t0 = std::time::Instant::now();
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the worker stops")
+        .unwrap()
+        .unwrap();
+    let took = t0.elapsed();
+    drop(held);
+    assert!(
+        took < Duration::from_secs(15),
+        "the stop took {took:?} (grace 1 s, then at most 5 s for the completer)"
+    );
+}
