@@ -1,4 +1,4 @@
--- outboxd: the live schema after every migration of sql/ (0001 … 0016), in one file.
+-- outboxd: the live schema after every migration of sql/ (0001 … 0017), in one file.
 -- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
 -- only the numbered files). tests/schema.rs loads it into an empty database and compares
 -- the catalog with a migrated one; after a new migration, regenerate it with
@@ -189,7 +189,8 @@ BEGIN
     scheme := lower(split_part(url, '://', 1));
     -- The authority: up to the first '/', '?' or '#', after the last '@'.
     auth := substr(url, length(scheme) + 4);
-    auth := split_part(split_part(split_part(split_part(auth, '/', 1), '?', 1), '#', 1), '@', -1);
+    -- After the last '@' (split_part with a negative position needs PostgreSQL 14).
+    auth := regexp_replace(split_part(split_part(split_part(auth, '/', 1), '?', 1), '#', 1), '^.*@', '');
     -- Checked before lower-casing: lower() maps some non-ASCII letters to ASCII ones (the
     -- Kelvin sign to `k`), which would give a name the worker does not.
     IF auth !~ '^(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$' THEN
@@ -753,13 +754,17 @@ BEGIN
     FROM outbox.messages m
     WHERE m.id = ANY(message_ids);
 
+    -- An ambiguous class stays (and its line): the next attempt is then the one after an
+    -- ambiguous attempt, and looks up first when the payload names a lookup. Cleared, the
+    -- replay sent the request again without asking, which is the duplicate the lookup is
+    -- for.
     RETURN QUERY
     UPDATE outbox.messages m SET
         state       = 'pending',
         attempts    = 0,
         run_after   = now(),
-        error_class = NULL,
-        last_error  = NULL,
+        error_class = CASE WHEN m.error_class = 'ambiguous' THEN 'ambiguous' END,
+        last_error  = CASE WHEN m.error_class = 'ambiguous' THEN m.last_error END,
         dead_at     = NULL,
         updated_at  = now()
     WHERE m.id = ANY(message_ids)

@@ -115,6 +115,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "message_key_byte_order",
         sql: include_str!("../sql/0016_message_key_byte_order.sql"),
     },
+    Migration {
+        version: 17,
+        name: "replay_keeps_the_unknown",
+        sql: include_str!("../sql/0017_replay_keeps_the_unknown.sql"),
+    },
 ];
 
 /// Why migrating failed.

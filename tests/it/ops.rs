@@ -282,10 +282,22 @@ async fn replay_from_sql_follows_the_same_rules() {
         .await
         .unwrap();
     assert_eq!(rows.len(), 1);
+    // An ambiguous class stays on the replayed row (`sql/0017`): the next attempt comes
+    // after one that may have taken effect, and looks up first when it can.
     let r = row(&db, "s:1").await;
     assert_eq!(
-        (r.state.as_str(), r.attempts, r.error_class),
-        ("pending", 0, None)
+        (r.state.as_str(), r.attempts, r.error_class.as_deref()),
+        ("pending", 0, Some("ambiguous"))
+    );
+    // Any other class is cleared, with its line.
+    kill(&db, "s:2", "permanent", "1 hour").await;
+    c.query("SELECT * FROM outbox.replay(ARRAY[2])", &[])
+        .await
+        .unwrap();
+    let r = row(&db, "s:2").await;
+    assert_eq!(
+        (r.state.as_str(), r.attempts, r.error_class, r.last_error),
+        ("pending", 0, None, None)
     );
 }
 

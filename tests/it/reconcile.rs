@@ -801,3 +801,33 @@ async fn time_running_out_while_connecting_after_a_lookup_is_transient() {
     assert!(err.contains("before the request"), "{err}");
     assert_eq!(calls(&rx), [POST, GET], "the lookup was made");
 }
+
+/// A message dead `ambiguous` and then replayed by an operator is still the message whose
+/// last attempt may have taken effect: the attempt after the replay looks up first, and
+/// here finds that it did (`sql/0017`; the replay used to clear the class, and the request
+/// went out again without asking).
+#[tokio::test]
+async fn a_replayed_ambiguous_message_looks_up_before_sending_again() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script(vec![Reply::Stall(STALL), Reply::Status(200)]);
+    let key = "rec:replayed";
+    enqueue(&db, key, payload(&rx), 1, false).await;
+    let w = RunningWorker::start(&db, test_worker_config("w"), short_timeout());
+    let dead = wait_for_state(&db, key, "dead", WAIT).await;
+    assert_eq!(dead.error_class.as_deref(), Some("ambiguous"));
+    let id: i64 = db
+        .scalar(&format!(
+            "SELECT id FROM outbox.messages WHERE message_key = '{key}'"
+        ))
+        .await;
+    db.client()
+        .await
+        .execute("SELECT * FROM outbox.replay(ARRAY[$1::bigint])", &[&id])
+        .await
+        .unwrap();
+    let row = wait_for_state(&db, key, "delivered", WAIT).await;
+    w.stop().await;
+    assert_eq!(calls(&rx), [POST, GET], "the lookup, and no second request");
+    assert_eq!(row.response.unwrap()["reconciled"], true);
+}

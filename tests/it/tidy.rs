@@ -77,6 +77,10 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
         "0016_message_key_byte_order.sql",
         "da5a9a088866115515cba0043b85a63b08cfe2b3c949d0abe26c27d0cfc6f19c",
     ),
+    (
+        "0017_replay_keeps_the_unknown.sql",
+        "e42362397993b7b8895fdb5427256d8d05d9e081c0cf6e13a816554e40b82ea1",
+    ),
 ];
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it
