@@ -699,7 +699,10 @@ WHERE (state = 'open' AND was <> 'open') OR (state = 'closed' AND was <> 'closed
 /// each row's destination is worked out once however many batches it takes). `$1` the host,
 /// `$2` the probe window (seconds): its pending rows due before `open_until + window` move
 /// there, except the oldest of the first batch, left due at `open_until` (at the latest) to
-/// be the probe. A row already due within `$5` seconds after `open_until` stays: it is the
+/// be the probe. Only rows due now and retries move: a first attempt the application
+/// scheduled for later is left where it is (moved, the restore at the close would make it
+/// due at once, before its time); it is claimed when due, and deferred then if the host is
+/// still open. Retries are the worker's own schedule: the probe may be one brought forward. A row already due within `$5` seconds after `open_until` stays: it is the
 /// probe a worker's gate kept before the push ran (`Breakers::gate`, `NEAR`), and moving it
 /// left no row due when the cooldown ended. The push time is recorded as `deferred_until`,
 /// so closing brings back exactly these rows and no legitimately scheduled retry. No
@@ -714,6 +717,7 @@ WITH d AS (
 ), cand AS (
     SELECT m.id FROM outbox.messages m, d
     WHERE m.state = 'pending' AND m.channel = 'webhook' AND m.run_after < d.until
+      AND (m.attempts > 0 OR m.run_after <= now())
       AND m.id > $4::bigint
       AND outbox.destination_of(m.channel, m.payload) = $1::text
     ORDER BY m.id
@@ -732,10 +736,12 @@ SELECT (SELECT count(*) FROM moved)::bigint, (SELECT max(id) FROM cand)
 "#;
 
 /// Breakers: a closed host's held-back backlog is due again at once: up to `$3` pending
-/// webhook rows of host `$1` not yet due and due at most `$4` seconds after `$2` (the
-/// opening's `deferred_until`): the rows the opening pushed there, and those claimed and
-/// deferred while it was open (due a few milliseconds either side of it). A retry of that
-/// host scheduled for the same span comes early, which is what a closed circuit allows.
+/// webhook rows of host `$1` not yet due and due within `$4` seconds either side of `$2`
+/// (the opening's `deferred_until`): the rows the opening pushed there, and those claimed
+/// and deferred while it was open (due a few milliseconds either side of it). A retry of
+/// that host scheduled for the same span comes early, which is what a closed circuit
+/// allows; a row the application scheduled for another time keeps it (without the lower
+/// bound, a row due in ten minutes was sent at the close).
 /// Returns the rows moved.
 pub const BREAKER_RESTORE: &str = r#"
 WITH moved AS (
@@ -743,6 +749,7 @@ WITH moved AS (
     WHERE m.id = ANY(ARRAY(
         SELECT id FROM outbox.messages
         WHERE state = 'pending' AND channel = 'webhook' AND run_after > now()
+          AND run_after >= $2::timestamptz - make_interval(secs => $4::float8)
           AND run_after <= $2::timestamptz + make_interval(secs => $4::float8)
           AND outbox.destination_of(channel, payload) = $1::text
         LIMIT $3::bigint))

@@ -575,3 +575,83 @@ async fn the_sql_and_the_code_agree_on_every_breaker_transition() {
     }
     assert_eq!(cases, 41);
 }
+
+/// The breakers never make a first attempt due before the time the application gave it:
+/// the push moves the host's due rows and its retries past the cooldown, and leaves a first
+/// attempt scheduled for later where it is; the
+/// restore at the close brings the pushed rows back, not a row the application scheduled
+/// for ten minutes from now (it used to make that one due at once).
+#[tokio::test]
+async fn the_breakers_never_send_a_first_attempt_before_its_run_after() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let due_in = |key: &'static str| {
+        let db = &db;
+        async move {
+            let s: f64 = db
+                .scalar(&format!(
+                    "SELECT extract(epoch FROM run_after - now())::float8 \
+                     FROM outbox.messages WHERE message_key = '{key}'"
+                ))
+                .await;
+            s
+        }
+    };
+    let enqueue_in = |key: &'static str, secs: i64| {
+        let c = &c;
+        async move {
+            c.execute(
+                "SELECT outbox.enqueue($1, 'webhook', '{\"url\": \"https://h.example/x\"}', \
+                 now() + make_interval(secs => $2::float8))",
+                &[&key, &(secs as f64)],
+            )
+            .await
+            .unwrap();
+        }
+    };
+    // Open for 15 minutes: a first attempt due just after the cooldown, one in ten
+    // minutes, one due now, and a retry due in 100 s.
+    c.batch_execute(
+        "INSERT INTO outbox.destinations (host, state, consecutive_failures, cooldown_seconds, open_until) \
+         VALUES ('h.example', 'open', 10, 900, now() + interval '900 s')",
+    )
+    .await
+    .unwrap();
+    enqueue_in("after-cooldown", 905).await;
+    enqueue_in("in-ten-minutes", 600).await;
+    enqueue_in("now", 0).await;
+    enqueue_in("retry", 100).await;
+    c.batch_execute("UPDATE outbox.messages SET attempts = 1 WHERE message_key = 'retry'")
+        .await
+        .unwrap();
+    let window = 12.0f64;
+    let pushed = c
+        .query_one(
+            outboxd::queries::BREAKER_PUSH,
+            &[&"h.example", &window, &5000i64, &0i64, &0.25f64],
+        )
+        .await
+        .unwrap();
+    assert_eq!(pushed.get::<_, i64>(0), 2, "the due row and the retry");
+    // The oldest of them stays due, as the probe; the retry goes past the cooldown.
+    assert!(due_in("now").await <= 0.5);
+    let until = 900.0 + window;
+    let s = due_in("retry").await;
+    assert!((s - until).abs() < 2.0, "retry: due in {s} s");
+    let s = due_in("after-cooldown").await;
+    assert!(s >= 904.0, "after-cooldown: due in {s} s, made earlier");
+    let s = due_in("in-ten-minutes").await;
+    assert!((s - 600.0).abs() < 2.0, "in-ten-minutes: due in {s} s");
+    // The host closes: the pushed rows are due at once; the application's row keeps its
+    // time.
+    let deferred_until: std::time::SystemTime = db
+        .scalar("SELECT deferred_until FROM outbox.destinations WHERE host = 'h.example'")
+        .await;
+    outboxd::ops::restore_backlog(&c, "h.example", deferred_until)
+        .await
+        .unwrap();
+    assert!(due_in("now").await <= 0.5);
+    assert!(due_in("retry").await <= 0.5);
+    let s = due_in("in-ten-minutes").await;
+    assert!(s > 590.0, "in-ten-minutes: due in {s} s after the close");
+}
