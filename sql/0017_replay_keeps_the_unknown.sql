@@ -1,5 +1,5 @@
--- outboxd schema, version 17: a replayed ambiguous message still looks up first, and
--- destination_of runs on PostgreSQL 13.
+-- outboxd schema, version 17: a replayed ambiguous message still looks up first,
+-- destination_of runs on PostgreSQL 13, and a purge keeps a dead head of an ordering group.
 --
 -- 1. outbox.replay cleared `error_class`, so the attempt after replaying a message that was
 --    dead `ambiguous` (it may have taken effect) did not know it came after an ambiguous one:
@@ -13,7 +13,13 @@
 --    is now taken with regexp_replace; the names it gives are unchanged
 --    (tests/it/destinations.rs holds them to the worker's).
 --
--- Both are CREATE OR REPLACE of functions: no lock beyond the catalog's, no table rewritten.
+-- 3. outbox.purge with include_dead deleted a dead message that headed its ordering group,
+--    so the next message of the group was sent as if the head had been dealt with (the
+--    contract: a dead message blocks its group until it is replayed or cancelled). Such a
+--    row is now kept; a dead row with nothing waiting behind it goes as before.
+--
+-- All three are CREATE OR REPLACE of functions: no lock beyond the catalog's, no table
+-- rewritten.
 
 CREATE OR REPLACE FUNCTION outbox.replay(message_ids bigint[], actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
     LANGUAGE plpgsql
@@ -112,3 +118,46 @@ BEGIN
     RETURN host || ':' || port::int::text;
 END
 $_$;
+
+CREATE OR REPLACE FUNCTION outbox.purge(older_than interval, include_dead boolean DEFAULT false, batch_size integer DEFAULT 1000) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_deleted bigint;
+BEGIN
+    IF older_than IS NULL OR older_than < interval '24 hours' THEN
+        RAISE EXCEPTION 'older_than must be at least 24 hours' USING ERRCODE = '22023', COLUMN = 'older_than';
+    END IF;
+    IF batch_size IS NULL OR batch_size < 1 THEN
+        RAISE EXCEPTION 'batch_size must be at least 1' USING ERRCODE = '22023', COLUMN = 'batch_size';
+    END IF;
+    WITH old_delivered AS (
+        SELECT m.id FROM outbox.messages m
+        WHERE m.state = 'delivered' AND m.delivered_at < now() - older_than
+        ORDER BY m.delivered_at LIMIT batch_size FOR UPDATE SKIP LOCKED
+    ), old_cancelled AS (
+        SELECT m.id FROM outbox.messages m
+        WHERE m.state = 'cancelled' AND m.cancelled_at < now() - older_than
+        ORDER BY m.cancelled_at LIMIT batch_size FOR UPDATE SKIP LOCKED
+    ), old_dead AS (
+        -- Not a dead row that holds up its ordering group: it blocks the group until it is
+        -- replayed or cancelled, and deleting it would send the next one out of order.
+        SELECT m.id FROM outbox.messages m
+        WHERE include_dead AND m.state = 'dead' AND m.dead_at < now() - older_than
+          AND (m.ordering_key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM outbox.messages e
+              WHERE e.ordering_key = m.ordering_key AND e.id > m.id
+                AND e.state IN ('pending', 'running', 'held', 'dead')))
+        ORDER BY m.dead_at LIMIT batch_size FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM outbox.messages m
+        WHERE m.id IN (SELECT id FROM old_delivered
+                       UNION ALL SELECT id FROM old_cancelled
+                       UNION ALL SELECT id FROM old_dead)
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_deleted FROM gone;
+    RETURN v_deleted;
+END
+$$;

@@ -688,8 +688,14 @@ BEGIN
         WHERE m.state = 'cancelled' AND m.cancelled_at < now() - older_than
         ORDER BY m.cancelled_at LIMIT batch_size FOR UPDATE SKIP LOCKED
     ), old_dead AS (
+        -- Not a dead row that holds up its ordering group: it blocks the group until it is
+        -- replayed or cancelled, and deleting it would send the next one out of order.
         SELECT m.id FROM outbox.messages m
         WHERE include_dead AND m.state = 'dead' AND m.dead_at < now() - older_than
+          AND (m.ordering_key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM outbox.messages e
+              WHERE e.ordering_key = m.ordering_key AND e.id > m.id
+                AND e.state IN ('pending', 'running', 'held', 'dead')))
         ORDER BY m.dead_at LIMIT batch_size FOR UPDATE SKIP LOCKED
     ), gone AS (
         DELETE FROM outbox.messages m

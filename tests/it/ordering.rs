@@ -1042,3 +1042,37 @@ async fn a_group_held_up_by_its_dead_head_is_logged_as_deferred_ordering() {
         "nothing after the dead head was sent"
     );
 }
+
+/// A purge of old dead letters keeps a dead message that heads its ordering group: the
+/// contract has it block the group until it is replayed or cancelled, and deleting it sent
+/// the next message as if it had been dealt with. A dead message with nothing waiting
+/// behind it in its group goes, as any other old dead letter.
+#[tokio::test]
+async fn a_purge_keeps_a_dead_head_that_holds_its_group_up() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let url = "https://example.com/h";
+    for m in [
+        msg("held-up:head", url, Some("g"), 0),
+        msg("held-up:next", url, Some("g"), 1),
+        msg("alone:dead", url, Some("solo"), 0),
+    ] {
+        outboxd::enqueue(&c, &m).await.unwrap();
+    }
+    c.batch_execute(
+        "UPDATE outbox.messages SET state = 'dead', attempts = 3, error_class = 'permanent', \
+         last_error = 'HTTP 410', dead_at = now() - interval '3 days' \
+         WHERE message_key IN ('held-up:head', 'alone:dead')",
+    )
+    .await
+    .unwrap();
+    let purged: i64 = db
+        .scalar("SELECT outbox.purge(interval '2 days', true)")
+        .await;
+    assert_eq!(purged, 1, "only the dead message with nothing behind it");
+    assert_eq!(row(&db, "held-up:head").await.state, "dead");
+    assert!(
+        claim_n(&c, 10, "w").await.is_empty(),
+        "the group stays held up"
+    );
+}

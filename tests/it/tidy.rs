@@ -79,7 +79,7 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
     ),
     (
         "0017_replay_keeps_the_unknown.sql",
-        "e42362397993b7b8895fdb5427256d8d05d9e081c0cf6e13a816554e40b82ea1",
+        "6a9556f64d1a6940680c888b91b24d8bf3f4dcf857c2027caa57df91a7d9edd4",
     ),
 ];
 
