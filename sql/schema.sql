@@ -735,6 +735,15 @@ DECLARE
     v_missing  text;
     v_not_dead text;
 BEGIN
+    -- As the other actions (outbox.lock_named): a NULL list or id is an error, not nothing.
+    IF message_ids IS NULL THEN
+        RAISE EXCEPTION 'message_ids must not be null; nothing replayed'
+            USING ERRCODE = '22023', COLUMN = 'message_ids';
+    END IF;
+    IF array_position(message_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'message_ids must not contain null; nothing replayed'
+            USING ERRCODE = '22023', COLUMN = 'message_ids';
+    END IF;
     -- Lock the rows first (in id order, so two replays cannot deadlock), then check.
     PERFORM 1 FROM outbox.messages m WHERE m.id = ANY(message_ids) ORDER BY m.id FOR UPDATE;
 
@@ -756,7 +765,8 @@ BEGIN
 
     INSERT INTO outbox.attempts
         (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
-    SELECT m.id, m.attempts, actor, now(), now(), 'replayed', m.error_class, m.last_error
+    SELECT m.id, m.attempts, coalesce(actor, current_user::text), now(), now(), 'replayed',
+           m.error_class, m.last_error
     FROM outbox.messages m
     WHERE m.id = ANY(message_ids);
 

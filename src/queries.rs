@@ -490,7 +490,8 @@ LIMIT $4
 "#;
 
 /// The ids of every dead letter matching the filters of [`DEAD_LIST`] (`$1`..`$3`), for
-/// `replay --all-dead`.
+/// `replay --all-dead`, locked for the transaction that replays them: a row cancelled,
+/// confirmed or purged meanwhile is left out, rather than failing the whole replay.
 pub const DEAD_IDS: &str = r#"
 SELECT id, message_key
 FROM outbox.messages
@@ -499,6 +500,7 @@ WHERE state = 'dead'
   AND ($2::text IS NULL OR error_class = $2::text)
   AND ($3::float8 IS NULL OR dead_at >= now() - make_interval(secs => $3::float8))
 ORDER BY id
+FOR UPDATE
 "#;
 
 /// Resolves message ids (`$1`) and keys (`$2`) to `id, message_key`.

@@ -289,6 +289,14 @@ async fn replay_from_sql_follows_the_same_rules() {
         (r.state.as_str(), r.attempts, r.error_class.as_deref()),
         ("pending", 0, Some("ambiguous"))
     );
+    // A NULL list, or a NULL id, is refused, as by the other actions.
+    for call in [
+        "SELECT * FROM outbox.replay(NULL)",
+        "SELECT * FROM outbox.replay(ARRAY[2, NULL]::bigint[])",
+    ] {
+        let err = c.query(call, &[]).await.unwrap_err();
+        assert_eq!(err.code().map(|c| c.code()), Some("22023"), "{call}");
+    }
     // Any other class is cleared, with its line.
     kill(&db, "s:2", "permanent", "1 hour").await;
     c.query("SELECT * FROM outbox.replay(ARRAY[2])", &[])

@@ -79,7 +79,7 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
     ),
     (
         "0017_replay_keeps_the_unknown.sql",
-        "6a9556f64d1a6940680c888b91b24d8bf3f4dcf857c2027caa57df91a7d9edd4",
+        "d4d3141544a02c1558a40a2e6b339c950841ff4c638216439890eee5a415181c",
     ),
 ];
 
