@@ -1075,3 +1075,84 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
         assert_eq!(batch[0].reconcile, *payload == reconciling, "{key}");
     }
 }
+
+/// At a stop, rows claimed ahead give themselves back before the loop waits for a claim in
+/// flight (up to 2 s): none starts a request after the stop. Here one slot is busy with a
+/// request that ends after the stop, a row waits for the slot, and a claim is held inside
+/// its statement (a trigger sleeps) when the stop comes. The waiting row used to take the
+/// freed slot and send during that wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_row_claimed_ahead_starts_a_request_after_the_stop() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(200), Reply::Stall(Duration::from_millis(800))]);
+    let c = db.client().await;
+    c.batch_execute(
+        "CREATE FUNCTION public.slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM pg_sleep(1.5); RETURN NEW; END $$; \
+         CREATE TRIGGER slow_claim BEFORE UPDATE ON outbox.messages FOR EACH ROW \
+         WHEN (OLD.message_key = 'ahead:slow' AND NEW.state = 'running') \
+         EXECUTE FUNCTION public.slow_claim();",
+    )
+    .await
+    .unwrap();
+    let cfg = outboxd::config::WorkerConfig {
+        concurrency: 1,
+        poll_interval: Duration::from_secs(3600),
+        ..test_worker_config("w")
+    };
+    let mut webhook = test_webhook_config();
+    webhook.timeout = Duration::from_secs(5);
+    let w = RunningWorker::start(&db, cfg, webhook);
+    wait_for_idle_marks(&db, 1, "the worker to LISTEN, idle").await;
+    // A quick delivery first: rows are claimed ahead only once the slots' pace is known.
+    enqueue_webhook(&db, "ahead:warm", &rx.url("/h"), 3, true).await;
+    wait_for_state(&db, "ahead:warm", "delivered", Duration::from_secs(10)).await;
+    wait_for_idle_marks(&db, 1, "the worker to go idle again").await;
+    // One claim takes both: the first stalls in the slot, the second waits for it.
+    c.batch_execute("BEGIN").await.unwrap();
+    for key in ["ahead:busy", "ahead:waiting"] {
+        let msg = outboxd::NewMessage::webhook(key, serde_json::json!({"url": rx.url("/h")}));
+        outboxd::enqueue(&c, &msg).await.unwrap();
+    }
+    c.batch_execute("COMMIT").await.unwrap();
+    rx.wait_for(2, Duration::from_secs(10)).await;
+    // Both leased: one in the slot (its request stalls), the other claimed ahead of it.
+    for key in ["ahead:busy", "ahead:waiting"] {
+        assert_eq!(row_state(&db, key).await, "running", "{key}");
+    }
+    // A third, whose claim sleeps inside its statement.
+    enqueue_webhook(&db, "ahead:slow", &rx.url("/h"), 3, true).await;
+    wait_until(
+        Duration::from_secs(10),
+        "a claim to sleep in its statement",
+        || {
+            let c = &c;
+            async move {
+                c.query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event = 'PgSleep')",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+            }
+        },
+    )
+    .await;
+    w.stop().await;
+    let sent: Vec<String> = rx
+        .requests()
+        .iter()
+        .filter_map(|r| r.header("idempotency-key"))
+        .collect();
+    assert_eq!(sent.len(), 2, "a request started after the stop: {sent:?}");
+    // Whichever of the two got the slot was sent; the other was given back unsent.
+    let unsent = if sent[1] == "ahead:busy" {
+        "ahead:waiting"
+    } else {
+        "ahead:busy"
+    };
+    assert_eq!(row_state(&db, unsent).await, "pending");
+}
