@@ -222,7 +222,7 @@ impl Worker {
             .refresh(&shared.pools.general, Duration::ZERO)
             .await;
         let sweep_stop = CancellationToken::new();
-        let sweep = tokio::spawn(sweep::expired_leases(shared.clone(), sweep_stop.clone()));
+        let mut sweep = tokio::spawn(sweep::expired_leases(shared.clone(), sweep_stop.clone()));
         let mut claims = ClaimLoop::new(shared.clone(), done_tx, idle_tx);
         claims.run(shutdown).await;
         // No more sweeps once the loop stops claiming: what they settled would not be claimed
@@ -241,7 +241,6 @@ impl Worker {
         // Before the summary is read: a sweep in progress counts what it settled first,
         // unless it is still waiting for a busy pool after SWEEP_AT_STOP (its statement,
         // if it runs, settles its rows whole; only its log lines would be missing).
-        let mut sweep = sweep;
         match tokio::time::timeout(SWEEP_AT_STOP, &mut sweep).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::error!(error = %e, "the lease sweep failed"),

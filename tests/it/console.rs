@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::common::binary::{outboxd, run};
 use crate::common::console::{
-    Browser, Console, HttpSession, TOKEN, WAIT, form, get, http, post_form, sign_in,
+    Browser, Console, HttpSession, TOKEN, WAIT, form, get, http, post_form, post_with, sign_in,
 };
 use crate::common::receiver::{Receiver, Reply};
 use crate::common::{
@@ -894,26 +894,6 @@ async fn dead_letters_page_by_fifty_and_filter_by_class_and_age() {
         res.headers()["location"],
         format!("/message/{old}").as_str()
     );
-}
-
-/// A POST with these extra headers (a browser's `Origin`, `Sec-Fetch-Site`, a `Host`).
-async fn post_with(
-    url: &str,
-    cookie: Option<&str>,
-    body: String,
-    headers: &[(&str, &str)],
-) -> reqwest::Response {
-    let mut req = http()
-        .post(url)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(body);
-    if let Some(c) = cookie {
-        req = req.header("cookie", c);
-    }
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    req.send().await.unwrap()
 }
 
 /// Without a token the console trusts loopback; a page elsewhere must not borrow that

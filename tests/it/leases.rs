@@ -1087,15 +1087,7 @@ async fn no_row_claimed_ahead_starts_a_request_after_the_stop() {
     let rx = Receiver::start().await;
     rx.script([Reply::Status(200), Reply::Stall(Duration::from_millis(800))]);
     let c = db.client().await;
-    c.batch_execute(
-        "CREATE FUNCTION public.slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN PERFORM pg_sleep(1.5); RETURN NEW; END $$; \
-         CREATE TRIGGER slow_claim BEFORE UPDATE ON outbox.messages FOR EACH ROW \
-         WHEN (OLD.message_key = 'ahead:slow' AND NEW.state = 'running') \
-         EXECUTE FUNCTION public.slow_claim();",
-    )
-    .await
-    .unwrap();
+    slow_claim_of(&c, "ahead:slow", 1.5).await;
     let cfg = outboxd::config::WorkerConfig {
         concurrency: 1,
         poll_interval: Duration::from_secs(3600),
@@ -1123,24 +1115,7 @@ async fn no_row_claimed_ahead_starts_a_request_after_the_stop() {
     }
     // A third, whose claim sleeps inside its statement.
     enqueue_webhook(&db, "ahead:slow", &rx.url("/h"), 3, true).await;
-    wait_until(
-        Duration::from_secs(10),
-        "a claim to sleep in its statement",
-        || {
-            let c = &c;
-            async move {
-                c.query_one(
-                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
-                 WHERE datname = current_database() AND wait_event = 'PgSleep')",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get::<_, bool>(0)
-            }
-        },
-    )
-    .await;
+    wait_for_a_sleeping_claim(&c).await;
     w.stop().await;
     let sent: Vec<String> = rx
         .requests()

@@ -182,21 +182,17 @@ async fn an_applications_own_pool_keeps_its_prepared_statements() {
 #[tokio::test]
 async fn a_busy_general_pool_does_not_hold_the_deliveries_up() {
     use crate::common::receiver::Receiver;
-    use outboxd::deliver::Deliverers;
-    use outboxd::deliver::webhook::WebhookSender;
     let db = TestDb::new().await;
     let rx = Receiver::start().await;
     let pools = Pools::new(&db.database(), 1).unwrap();
     let general = pools.general.clone();
-    let deliverers = Deliverers {
-        webhook: WebhookSender::new(&test_webhook_config()).unwrap(),
-        email: None,
-    };
-    let worker = outboxd::worker::Worker::new(pools, test_worker_config("w"), deliverers, None);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(worker.run(async {
-        let _ = stop_rx.await;
-    }));
+    let w = RunningWorker::start_on(
+        &db,
+        pools,
+        test_worker_config("w"),
+        test_webhook_config(),
+        None,
+    );
     // Let the worker start (its first view of the breakers is read before it claims), then
     // take the general pool's only connection away from it.
     enqueue_webhook(&db, "first", &rx.url("/h"), 3, true).await;
@@ -208,12 +204,7 @@ async fn a_busy_general_pool_does_not_hold_the_deliveries_up() {
         wait_for_state(&db, &key, "delivered", Duration::from_secs(5)).await;
     }
     drop(held);
-    let _ = stop_tx.send(());
-    tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the worker stops")
-        .unwrap()
-        .unwrap();
+    w.stop().await;
 }
 
 /// A stop is not held up by a busy general pool either: the completer's breaker
@@ -223,26 +214,16 @@ async fn a_busy_general_pool_does_not_hold_the_deliveries_up() {
 #[tokio::test]
 async fn a_busy_general_pool_does_not_hold_a_stop_up() {
     use crate::common::receiver::{Receiver, Reply};
-    use outboxd::deliver::Deliverers;
-    use outboxd::deliver::webhook::WebhookSender;
     let db = TestDb::new().await;
     let rx = Receiver::start().await;
     rx.set_default(Reply::Status(500));
     let pools = Pools::new(&db.database(), 1).unwrap();
     let general = pools.general.clone();
-    let deliverers = Deliverers {
-        webhook: WebhookSender::new(&test_webhook_config()).unwrap(),
-        email: None,
-    };
     let cfg = outboxd::config::WorkerConfig {
         shutdown_grace: Duration::from_secs(1),
         ..test_worker_config("w")
     };
-    let worker = outboxd::worker::Worker::new(pools, cfg, deliverers, None);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(worker.run(async {
-        let _ = stop_rx.await;
-    }));
+    let w = RunningWorker::start_on(&db, pools, cfg, test_webhook_config(), None);
     // The worker has started (its first view of the breakers read) once it has sent this.
     enqueue_webhook(&db, "first", &rx.url("/h"), 1, true).await;
     wait_for_state(&db, "first", "dead", Duration::from_secs(10)).await;
@@ -251,12 +232,7 @@ async fn a_busy_general_pool_does_not_hold_a_stop_up() {
     wait_for_state(&db, "failing", "dead", Duration::from_secs(10)).await;
     // Its failure is now being counted, waiting for the general pool.
     let t0 = std::time::Instant::now();
-    let _ = stop_tx.send(());
-    tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the worker stops")
-        .unwrap()
-        .unwrap();
+    w.stop().await;
     let took = t0.elapsed();
     drop(held);
     assert!(

@@ -35,6 +35,18 @@ fn short_timeout() -> WebhookConfig {
     }
 }
 
+/// The test worker with a retry delay of 2 s: long enough for a test to change the row
+/// between two attempts.
+fn slow_retry() -> outboxd::config::WorkerConfig {
+    outboxd::config::WorkerConfig {
+        retry: outboxd::retry::RetryPolicy {
+            base: Duration::from_secs(2),
+            max: Duration::from_secs(2),
+        },
+        ..test_worker_config("w")
+    }
+}
+
 /// A webhook to `rx` that names a lookup on `rx`, with a header of its own.
 fn payload(rx: &Receiver) -> Value {
     json!({
@@ -477,15 +489,7 @@ async fn a_reconcile_url_refused_at_lookup_time_is_ambiguous_again() {
             allow_hosts: HashSet::from(["127.0.0.1".to_owned()]),
         },
     };
-    // A retry delay long enough to change the row between the attempts.
-    let slow_retry = outboxd::config::WorkerConfig {
-        retry: outboxd::retry::RetryPolicy {
-            base: Duration::from_secs(2),
-            max: Duration::from_secs(2),
-        },
-        ..test_worker_config("w")
-    };
-    let w = RunningWorker::start(&db, slow_retry, cfg);
+    let w = RunningWorker::start(&db, slow_retry(), cfg);
     wait_until(WAIT, "the first attempt to be ambiguous", || async {
         let n: i64 = db
             .scalar("SELECT count(*) FROM outbox.attempts WHERE error_class = 'ambiguous'")
@@ -766,14 +770,7 @@ async fn time_running_out_while_connecting_after_a_lookup_is_transient() {
         timeout: Duration::from_secs(1),
         ..test_webhook_config()
     };
-    let slow_retry = outboxd::config::WorkerConfig {
-        retry: outboxd::retry::RetryPolicy {
-            base: Duration::from_secs(2),
-            max: Duration::from_secs(2),
-        },
-        ..test_worker_config("w")
-    };
-    let w = RunningWorker::start(&db, slow_retry, cfg);
+    let w = RunningWorker::start(&db, slow_retry(), cfg);
     wait_until(WAIT, "the first attempt to end ambiguous", || async {
         attempts(&db, key).await.len() == 1
     })

@@ -199,15 +199,7 @@ async fn a_wake_up_during_a_claim_is_not_lost() {
     receiver.script([Reply::Stall(Duration::from_secs(10))]);
     let receiver_b = Receiver::start().await;
     let c = db.client().await;
-    c.batch_execute(
-        "CREATE FUNCTION public.slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$; \
-         CREATE TRIGGER slow_claim BEFORE UPDATE ON outbox.messages FOR EACH ROW \
-         WHEN (OLD.message_key = 'during:a' AND NEW.state = 'running') \
-         EXECUTE FUNCTION public.slow_claim();",
-    )
-    .await
-    .unwrap();
+    slow_claim_of(&c, "during:a", 1.0).await;
     let mut cfg = test_worker_config("during");
     cfg.concurrency = 4;
     cfg.poll_interval = Duration::from_secs(3600);
@@ -220,20 +212,7 @@ async fn a_wake_up_during_a_claim_is_not_lost() {
 
     enqueue_webhook(&db, "during:a", &receiver.url("/a"), 3, true).await;
     // The claim is inside its statement, its snapshot taken.
-    wait_until(Duration::from_secs(10), "the claim of a to sleep", || {
-        let c = &c;
-        async move {
-            c.query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
-                 WHERE datname = current_database() AND wait_event = 'PgSleep')",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, bool>(0)
-        }
-    })
-    .await;
+    wait_for_a_sleeping_claim(&c).await;
     enqueue_webhook(&db, "during:b", &receiver_b.url("/b"), 3, true).await;
     // Before a's request ends (10 s after the claim) or a poll (an hour), with room for a
     // loaded machine.

@@ -115,12 +115,26 @@ pub fn form(pairs: &[(&str, &str)]) -> String {
 
 /// POSTs a form body, with a cookie header when given.
 pub async fn post_form(url: &str, cookie: Option<&str>, body: String) -> reqwest::Response {
+    post_with(url, cookie, body, &[]).await
+}
+
+/// [`post_form`] with these extra headers (a browser's `Origin`, `Sec-Fetch-Site`, a
+/// `Host`).
+pub async fn post_with(
+    url: &str,
+    cookie: Option<&str>,
+    body: String,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
     let mut req = http()
         .post(url)
         .header("content-type", "application/x-www-form-urlencoded")
         .body(body);
     if let Some(c) = cookie {
         req = req.header("cookie", c);
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
     }
     req.send().await.unwrap()
 }

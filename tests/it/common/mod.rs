@@ -302,6 +302,46 @@ pub fn test_webhook_config() -> WebhookConfig {
     }
 }
 
+/// Makes the claim of the message keyed `key` sleep `secs` seconds inside its statement (a
+/// trigger of the test's own, in its database): a claim held in flight.
+pub async fn slow_claim_of(c: &tokio_postgres::Client, key: &str, secs: f64) {
+    c.batch_execute(&format!(
+        "CREATE FUNCTION public.slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM pg_sleep({secs}); RETURN NEW; END $$; \
+         CREATE TRIGGER slow_claim BEFORE UPDATE ON outbox.messages FOR EACH ROW \
+         WHEN (OLD.message_key = {key} AND NEW.state = 'running') \
+         EXECUTE FUNCTION public.slow_claim();",
+        key = quote_literal(key),
+    ))
+    .await
+    .unwrap();
+}
+
+/// `s` as an SQL string literal.
+fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// Waits (10 s at most) until a claim slowed by [`slow_claim_of`] sleeps inside its
+/// statement, in this test's database only (other tests' claims sleep too).
+pub async fn wait_for_a_sleeping_claim(c: &tokio_postgres::Client) {
+    wait_until(
+        Duration::from_secs(10),
+        "a claim to sleep in its statement",
+        || async move {
+            c.query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event = 'PgSleep')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+        },
+    )
+    .await;
+}
+
 /// A worker running in the background of the test's runtime.
 pub struct RunningWorker {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -324,6 +364,18 @@ impl RunningWorker {
         // The pools `outboxd run` makes, so the suite runs the claims and completions with
         // the settings production gives them.
         let pools = outboxd::worker::Pools::new(&db.database(), 4).expect("pools");
+        RunningWorker::start_on(db, pools, cfg, webhook, email)
+    }
+
+    /// Starts a worker on `db` whose statements go through `pools` (a test that holds a
+    /// pool's connections away from it).
+    pub fn start_on(
+        db: &TestDb,
+        pools: outboxd::worker::Pools,
+        cfg: WorkerConfig,
+        webhook: WebhookConfig,
+        email: Option<EmailConfig>,
+    ) -> RunningWorker {
         let deliverers = Deliverers {
             webhook: WebhookSender::new(&webhook).expect("webhook sender"),
             email: email.map(|e| EmailSender::new(&e).expect("email sender")),
