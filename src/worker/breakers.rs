@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 
 use super::db_call::{bounded, checkout};
-use crate::claim::Completion;
 use crate::model::ErrorClass;
 use crate::queries;
 use crate::state::Circuit;
@@ -403,32 +402,38 @@ impl Breakers {
     /// unless nothing in it concerns a breaker; logs transitions and moves backlogs.
     /// Then takes this batch's failures off the ones seen but unrecorded
     /// ([`Breakers::failure_seen`]) and wakes the rows waiting in [`Breakers::recheck`].
-    pub(super) async fn record(&self, pool: &Pool, completions: &[Completion]) {
+    /// `outcomes` are the batch's attempts in order: the message's id and the class of the
+    /// attempt's failure (`None` when it was delivered).
+    pub(super) async fn record(&self, pool: &Pool, outcomes: &[(i64, Option<ErrorClass>)]) {
         if !self.enabled() {
             return;
         }
         // The tickets go only now, after the view holds any opening this batch caused.
-        let gone = self.record_outcomes(pool, completions).await;
+        let gone = self.record_outcomes(pool, outcomes).await;
         self.settle(gone.into_iter());
         self.recorded.notify_waiters();
     }
 
     /// [`Breakers::record`]'s statement and what follows from it; returns the entries it
     /// took out of `inflight`.
-    async fn record_outcomes(&self, pool: &Pool, completions: &[Completion]) -> Vec<InFlight> {
+    async fn record_outcomes(
+        &self,
+        pool: &Pool,
+        outcomes: &[(i64, Option<ErrorClass>)],
+    ) -> Vec<InFlight> {
         let mut gone = Vec::new();
         // host -> (a success came, failures after the last success), in batch order.
         let mut per_host: Vec<(String, bool, i32)> = Vec::new();
         {
             let mut inflight = lock(&self.inflight);
             let view = lock(&self.view);
-            for c in completions {
-                let Some(f) = inflight.remove(&c.id) else {
+            for &(id, class) in outcomes {
+                let Some(f) = inflight.remove(&id) else {
                     continue;
                 };
                 let host = f.host.clone();
                 gone.push(f);
-                let Some(failed) = counts_as_failure(c.transition.error_class()) else {
+                let Some(failed) = counts_as_failure(class) else {
                     continue;
                 };
                 if !failed && !view.contains_key(&host) {
@@ -604,8 +609,6 @@ async fn restore(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::claim::Completion;
-    use crate::state::Transition;
 
     fn breakers() -> (Breakers, Pool) {
         let cfg = crate::config::WorkerConfig::default();
@@ -654,21 +657,7 @@ mod tests {
         assert!(matches!(b.gate(&pool, 3, "h:443").await, Gate::Send));
         b.failure_seen(3, failed);
         assert_eq!(tickets(&b, "h:443"), 1);
-        let c = Completion {
-            id: 3,
-            lease_token: uuid::Uuid::nil(),
-            attempt: 1,
-            transition: Transition::Retry {
-                class: ErrorClass::Transient,
-                delay: Duration::from_secs(1),
-            },
-            error: None,
-            status: Some(503),
-            deduplicated: false,
-            response: None,
-            started_at: std::time::SystemTime::now(),
-        };
-        b.record(&pool, &[c]).await;
+        b.record(&pool, &[(3, Some(ErrorClass::Transient))]).await;
         assert_eq!(tickets(&b, "h:443"), 0, "recorded");
     }
 }

@@ -1,6 +1,8 @@
 //! The completer: writes every finished attempt and release waiting for it in one fenced
 //! statement each, so batching grows with load and costs no latency when idle; then logs
-//! each attempt and counts it in the run's summary.
+//! each attempt and counts it in the run's summary. The general pool's share of that work
+//! (breakers, releases, deferrals) runs beside it, in order, so that a busy general pool
+//! never holds a completion up.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -56,32 +58,43 @@ macro_rules! retry_db {
 pub(super) const MAX_FLUSH: usize = 1024;
 
 /// Writes completions and releases in batches: everything waiting when it gets to run.
+///
+/// Only the completions' own statement runs here, on the hot pool. What goes through the
+/// general pool (the breakers' counting, releases, deferrals) runs in [`aside`], batch by
+/// batch in the order they came: the general pool may be busy for a while (a backlog push,
+/// retention, a scrape), and a completer waiting for it wrote no completion meanwhile, so
+/// that the leases of attempts already delivered could run out and send them again.
 pub(super) async fn completer(
     shared: Arc<Shared>,
     mut rx: mpsc::Receiver<Done>,
     hard_stop: CancellationToken,
 ) {
+    // Unbounded, yet bounded by the places: a batch's failures, releases and deferrals
+    // hold their places until `aside` has dealt with them, and no place, no claim.
+    let (aside_tx, aside_rx) = mpsc::unbounded_channel();
+    let side = tokio::spawn(aside(shared.clone(), aside_rx, hard_stop.clone()));
     let mut buf = Vec::with_capacity(MAX_FLUSH);
     loop {
         buf.clear();
         if rx.recv_many(&mut buf, MAX_FLUSH).await == 0 {
-            return;
+            break;
         }
         let mut completions = Vec::new();
         let mut logs = Vec::new();
-        let mut releases = Vec::new();
-        let mut deferrals = Vec::new();
-        // The places this batch gives back once it is recorded (a delivery gave its own
-        // back when its task handed it over: `Done::frees_place_when_sent`).
-        let n = buf.iter().filter(|d| !d.frees_place_when_sent()).count();
+        let mut batch = Aside {
+            // The places this batch gives back once it is dealt with (a delivery gave its
+            // own back when its task handed it over: `Done::frees_place_when_sent`).
+            places: buf.iter().filter(|d| !d.frees_place_when_sent()).count(),
+            ..Aside::default()
+        };
         for d in buf.drain(..) {
             match d {
                 Done::Completed(c, l) => {
                     completions.push(c);
                     logs.push(l);
                 }
-                Done::Released(id, token) => releases.push((id, token)),
-                Done::Deferred(d) => deferrals.push(d),
+                Done::Released(id, token) => batch.releases.push((id, token)),
+                Done::Deferred(d) => batch.deferrals.push(d),
             }
         }
         if !completions.is_empty() {
@@ -91,14 +104,11 @@ pub(super) async fn completer(
                 "recording attempts",
                 |client| { claim::complete_cached(client, &shared.cfg.worker_id, &completions) }
             );
-            // Counted whether or not the lease was still ours: the request was made. Not
-            // past the hard stop: the general pool may be busy, and the stop must not wait
-            // for it batch after batch.
-            tokio::select! {
-                biased;
-                _ = hard_stop.cancelled() => {}
-                _ = shared.breakers.record(&shared.pools.general, &completions) => {}
-            }
+            // Counted whether or not the lease was still ours: the request was made.
+            batch.outcomes = completions
+                .iter()
+                .map(|c| (c.id, c.transition.error_class()))
+                .collect();
             match recorded {
                 Some(outcomes) => log_attempts(&shared, &completions, &logs, &outcomes),
                 None => tracing::error!(
@@ -107,6 +117,48 @@ pub(super) async fn completer(
                 ),
             }
         }
+        if aside_tx.send(batch).is_err() {
+            break;
+        }
+    }
+    drop(aside_tx);
+    let _ = side.await;
+}
+
+/// One batch's share of the general pool, and the places it gives back when done.
+#[derive(Default)]
+struct Aside {
+    /// Every completion's id and failure class, for the breakers.
+    outcomes: Vec<(i64, Option<ErrorClass>)>,
+    releases: Vec<(i64, uuid::Uuid)>,
+    deferrals: Vec<Deferred>,
+    places: usize,
+}
+
+/// The general pool's side of the completer, one batch at a time: the breakers count a
+/// batch's outcomes before its failures give their places back (so that a host's failures
+/// open its breaker before more of its rows are claimed), then its releases and deferrals.
+async fn aside(
+    shared: Arc<Shared>,
+    mut rx: mpsc::UnboundedReceiver<Aside>,
+    hard_stop: CancellationToken,
+) {
+    while let Some(batch) = rx.recv().await {
+        if !batch.outcomes.is_empty() {
+            // Not past the hard stop: the general pool may be busy, and the stop must not
+            // wait for it batch after batch.
+            tokio::select! {
+                biased;
+                _ = hard_stop.cancelled() => {}
+                _ = shared.breakers.record(&shared.pools.general, &batch.outcomes) => {}
+            }
+        }
+        let Aside {
+            releases,
+            deferrals,
+            places,
+            ..
+        } = batch;
         shared.breakers.forget(
             releases
                 .iter()
@@ -152,7 +204,7 @@ pub(super) async fn completer(
                 log_deferrals(&shared, &deferrals, &ids);
             }
         }
-        shared.inflight.fetch_sub(n, Ordering::SeqCst);
+        shared.inflight.fetch_sub(places, Ordering::SeqCst);
         shared.wake.notify_one();
     }
 }

@@ -207,6 +207,42 @@ async fn a_busy_general_pool_does_not_hold_the_deliveries_up() {
     w.stop().await;
 }
 
+/// Nor does a busy general pool hold up the recording of attempts. A failed attempt is
+/// counted against its host's breaker through the general pool; while that waits, later
+/// attempts, delivered meanwhile, must still be written as delivered. (The completer used
+/// to count the breakers inline and recorded nothing more until it had: up to 30 s a
+/// batch, long enough for a lease to expire and a delivered message to be sent again.)
+#[tokio::test]
+async fn a_busy_general_pool_does_not_hold_up_the_recording_of_deliveries() {
+    use crate::common::receiver::{Receiver, Reply};
+    let db = TestDb::new().await;
+    let failing = Receiver::start().await;
+    failing.set_default(Reply::Status(500));
+    let rx = Receiver::start().await;
+    let pools = Pools::new(&db.database(), 1).unwrap();
+    let general = pools.general.clone();
+    let w = RunningWorker::start_on(
+        &db,
+        pools,
+        test_worker_config("w"),
+        test_webhook_config(),
+        None,
+    );
+    enqueue_webhook(&db, "first", &rx.url("/h"), 3, true).await;
+    wait_for_state(&db, "first", "delivered", Duration::from_secs(10)).await;
+    let held = general.get().await.unwrap();
+    // Its failure is recorded (dead at once: a budget of one), then waits to be counted.
+    enqueue_webhook(&db, "failing", &failing.url("/h"), 1, true).await;
+    wait_for_state(&db, "failing", "dead", Duration::from_secs(10)).await;
+    for i in 0..3 {
+        let key = format!("after:{i}");
+        enqueue_webhook(&db, &key, &rx.url("/h"), 3, true).await;
+        wait_for_state(&db, &key, "delivered", Duration::from_secs(5)).await;
+    }
+    drop(held);
+    w.stop().await;
+}
+
 /// A stop is not held up by a busy general pool either: the completer's breaker
 /// counting, the lease sweep and the ordering watch give up on it at the stop. Here the
 /// pool's only connection is held throughout and a failed delivery is being counted when
