@@ -9,9 +9,12 @@
 //! |---|---|---|
 //! | disable | never | — |
 //! | prefer (default) | if the server offers it | not checked |
-//! | require | always, or the connection fails | not checked; with `sslrootcert`, checked as verify-ca (libpq does the same) |
+//! | require | always, or the connection fails | not checked; with `sslrootcert` (or `~/.postgresql/root.crt`), checked as verify-ca (libpq does the same) |
 //! | verify-ca | always | signed by a CA of `sslrootcert` |
 //! | verify-full | always | that, and issued for the host connected to |
+//!
+//! `sslrootcert=system` (the platform's roots) means `verify-full`, and a weaker `sslmode`
+//! beside it is refused, as libpq refuses it: a public CA vouches for anyone's certificate.
 //!
 //! Under `require` and stronger the connection is refused when the server does not speak
 //! TLS: tokio-postgres never falls back to plain text there. Every file is read at start-up,
@@ -107,9 +110,10 @@ const OURS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 /// Splits `url` into the string tokio-postgres parses and the TLS options.
 pub(super) fn split(url: &str) -> Result<(String, TlsOptions), ConfigError> {
     let mut opts = TlsOptions::default();
+    let mut mode = None;
     let mut take = |key: &str, value: String| -> Result<(), ConfigError> {
         match key {
-            "sslmode" => opts.mode = SslMode::parse(&value)?,
+            "sslmode" => mode = Some(SslMode::parse(&value)?),
             "sslrootcert" => opts.root_cert = Some(value),
             "sslcert" => opts.cert = Some(value),
             "sslkey" => opts.key = Some(value),
@@ -121,6 +125,19 @@ pub(super) fn split(url: &str) -> Result<(String, TlsOptions), ConfigError> {
         split_url(url, &mut take)?
     } else {
         split_key_values(url, &mut take)?
+    };
+    // libpq: "When using sslrootcert=system, the default sslmode is changed to verify-full,
+    // and any weaker setting will result in an error." The platform's roots vouch for every
+    // public certificate, whoever holds it; only the host name check makes them a check.
+    opts.mode = match (mode, opts.root_cert.as_deref()) {
+        (None | Some(SslMode::VerifyFull), Some("system")) => SslMode::VerifyFull,
+        (Some(weaker), Some("system")) => {
+            return Err(ConfigError(format!(
+                "DATABASE_URL: sslmode={} with sslrootcert=system: sslrootcert=system needs sslmode=verify-full (any public certificate would pass otherwise)",
+                weaker.as_str()
+            )));
+        }
+        (mode, _) => mode.unwrap_or_default(),
     };
     Ok((rest, opts))
 }
@@ -224,12 +241,18 @@ pub(super) fn connector(opts: &TlsOptions) -> Result<(MakeRustlsConnect, WireMod
                 Some(p) => Some(root_store(&p.to_string_lossy())?),
                 None => {
                     return Err(ConfigError(format!(
-                        "DATABASE_URL: sslmode={} needs the server's CA: add sslrootcert=/path/to/ca.pem (or sslrootcert=system for the platform's roots)",
+                        "DATABASE_URL: sslmode={} needs the server's CA: add sslrootcert=/path/to/ca.pem (or, with verify-full, sslrootcert=system for the platform's roots)",
                         opts.mode.as_str()
                     )));
                 }
             }
         }
+        // libpq: "if a root CA file exists, the behavior of sslmode=require will be the
+        // same as that of verify-ca".
+        (None, SslMode::Require) => match home_file("root.crt").filter(|p| p.is_file()) {
+            Some(p) => Some(root_store(&p.to_string_lossy())?),
+            None => None,
+        },
         (None, _) => None,
     };
     let verifier: Arc<dyn ServerCertVerifier> = match (opts.mode, roots) {
@@ -554,6 +577,34 @@ mod tests {
         };
         let err = connector(&o).err().map(|e| e.0).unwrap_or_default();
         assert!(err.contains("sslrootcert /etc/hostname"), "{err}");
+    }
+
+    /// libpq: "When using sslrootcert=system, the default sslmode is changed to
+    /// verify-full, and any weaker setting will result in an error": the platform's roots
+    /// vouch for any public certificate, so only the host name makes them a check at all.
+    #[test]
+    fn the_platforms_roots_mean_verify_full() {
+        let (_, o) = opts("postgres://h/app?sslrootcert=system");
+        assert_eq!(o.mode, SslMode::VerifyFull);
+        let (_, o) = opts("host=h sslrootcert=system");
+        assert_eq!(o.mode, SslMode::VerifyFull);
+        let (_, o) = opts("postgres://h/app?sslrootcert=system&sslmode=verify-full");
+        assert_eq!(o.mode, SslMode::VerifyFull);
+        for mode in ["disable", "prefer", "require", "verify-ca"] {
+            for url in [
+                format!("postgres://u:secret@h/app?sslmode={mode}&sslrootcert=system"),
+                format!("postgres://u:secret@h/app?sslrootcert=system&sslmode={mode}"),
+                format!("host=h password=secret sslmode={mode} sslrootcert=system"),
+            ] {
+                let err = split(&url).err().map(|e| e.0).unwrap_or_default();
+                assert!(
+                    err.contains(&format!("sslmode={mode}"))
+                        && err.contains("sslrootcert=system needs sslmode=verify-full"),
+                    "{url}: {err}"
+                );
+                assert!(!err.contains("secret"), "{url}: {err}");
+            }
+        }
     }
 
     #[test]

@@ -181,6 +181,23 @@ async fn each_sslmode_against_a_tls_only_server() {
         );
     }
 
+    // require checks the chain against ~/.postgresql/root.crt when that file exists, as
+    // libpq does: here it holds a CA that did not sign the server's certificate.
+    let home = pki.path("home");
+    std::fs::create_dir_all(format!("{home}/.postgresql")).unwrap();
+    std::fs::copy(
+        pki.path("other-ca.crt"),
+        format!("{home}/.postgresql/root.crt"),
+    )
+    .unwrap();
+    let require = url(&cluster, "localhost", "postgres", "sslmode=require");
+    let out = run(outboxd(Some(&require)).env("HOME", &home).args(["status"]));
+    assert_eq!(out.code, Some(1), "require with root.crt: {}", out.stderr);
+    assert!(out.stderr.contains("certificate"), "{}", out.stderr);
+    std::fs::copy(pki.path("ca.crt"), format!("{home}/.postgresql/root.crt")).unwrap();
+    let out = run(outboxd(Some(&require)).env("HOME", &home).args(["status"]));
+    assert_eq!(out.code, Some(0), "require with root.crt: {}", out.stderr);
+
     // A client certificate accepted by the `hostssl … cert` rule (the user is the CN).
     let client = url(
         &cluster,
@@ -346,6 +363,12 @@ fn bad_tls_settings_are_usage_errors() {
         (
             "sslmode=require&sslcert=/etc/hostname",
             "sslcert is set without sslkey",
+        ),
+        // The platform's roots vouch for any public certificate: libpq refuses them with
+        // less than verify-full.
+        (
+            "sslmode=verify-ca&sslrootcert=system",
+            "sslrootcert=system needs sslmode=verify-full",
         ),
         (
             "sslmode=require&sslkey=/etc/hostname",
