@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::binary::{outboxd, run};
 use common::cluster::Cluster;
 use common::receiver::Receiver;
 use common::*;
@@ -222,5 +223,89 @@ async fn a_failover_loses_no_message_and_resends_only_what_was_in_flight() {
             "{key} was first sent {:?} after the failover and still sent again",
             first.duration_since(stopped_at)
         );
+    }
+}
+
+/// A host that takes TCP connections and never says a word: a hung server, or a proxy in
+/// front of a dead one. Holds every connection it accepts until dropped.
+struct SilentHost {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SilentHost {
+    async fn start() -> SilentHost {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        SilentHost { port, task }
+    }
+}
+
+impl Drop for SilentHost {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `db`'s URL with a host in front of its own, and a 1 s connect timeout.
+fn behind(db: &TestDb, first: &str, query: &str) -> String {
+    let url = url::Url::parse(&db.url()).unwrap();
+    let user = url.username();
+    let password = url.password().map(|p| format!(":{p}")).unwrap_or_default();
+    format!(
+        "postgres://{user}{password}@{first},{}:{}{}?connect_timeout=1{query}",
+        url.host_str().unwrap(),
+        url.port().unwrap_or(5432),
+        url.path()
+    )
+}
+
+/// libpq's `connect_timeout` holds "separately to each host name or IP address", for the
+/// whole connection: a first host that accepts the TCP connection and never answers the
+/// start-up (a hung server, a proxy before a dead one) is given up after it, and the next
+/// host is tried. tokio-postgres bounds only the TCP connect, and the pools bounded the
+/// whole list by 10 s: a one-shot command waited forever, and the worker never got past
+/// the first host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_never_answers_is_passed_over_for_the_next() {
+    let db = TestDb::new().await;
+    let silent = SilentHost::start().await;
+    let url = behind(
+        &db,
+        &format!("127.0.0.1:{}", silent.port),
+        "&target_session_attrs=read-write",
+    );
+
+    // A one-shot command: one connection.
+    let out = run(outboxd(Some(&url)).args(["status", "--json"]));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+
+    // The daemon: its pools and its LISTEN connection.
+    let rx = Receiver::start().await;
+    enqueue_webhook(&db, "past-the-silent-host", &rx.url("/h"), 3, true).await;
+    let child = Killed(daemon(&url));
+    wait_for_state(
+        &db,
+        "past-the-silent-host",
+        "delivered",
+        Duration::from_secs(30),
+    )
+    .await;
+    drop(child);
+}
+
+/// A daemon killed when the test ends, passed or not.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
