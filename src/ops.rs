@@ -391,6 +391,11 @@ pub async fn resolve<C: GenericClient>(
     Ok((resolved, unknown))
 }
 
+/// Shown in place of a JSON value that cannot be read: `jsonb` takes any depth, and
+/// tokio-postgres reads it with serde_json, which stops at 128 levels (an application's
+/// payload can be that deep; a stored response body no longer is).
+const TOO_DEEP: &str = "(not shown: nested more than 128 levels deep)";
+
 /// One message and its history, or None when the target matches nothing.
 pub async fn show<C: GenericClient>(
     client: &C,
@@ -415,13 +420,18 @@ pub async fn show<C: GenericClient>(
         attempts: r.get(4),
         max_attempts: r.get(5),
         retry_ambiguous: r.get(6),
-        payload: redact_payload(r.get(2), r.get(7)),
+        payload: match r.try_get(7) {
+            Ok(payload) => redact_payload(r.get(2), payload),
+            Err(_) => serde_json::Value::String(TOO_DEEP.into()),
+        },
         run_after: ts(8).unwrap_or_default(),
         lease_owner: r.get(9),
         lease_expires_at: ts(10),
         error_class: r.get(11),
         last_error: r.get(12),
-        response: r.get(13),
+        response: r
+            .try_get(13)
+            .unwrap_or_else(|_| Some(serde_json::Value::String(TOO_DEEP.into()))),
         created_at: ts(14).unwrap_or_default(),
         updated_at: ts(15).unwrap_or_default(),
         delivered_at: ts(16),

@@ -688,3 +688,32 @@ async fn control_characters_in_keys_are_escaped_in_logs_and_text_output() {
     assert_eq!(v[0]["message_key"].as_str(), Some(dead_key.as_str()));
     assert_eq!(v.as_array().map(Vec::len), Some(1));
 }
+
+/// A payload nested deeper than serde_json reads (128 levels; PostgreSQL's `jsonb` takes
+/// it) is shown as a note in its place, by the library, the CLI and so the console: `show`
+/// panicked on it.
+#[tokio::test]
+async fn show_survives_a_payload_nested_too_deep_to_read() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.execute(
+        "SELECT outbox.enqueue('deep', 'webhook', \
+           ('{\"url\": \"https://example.com/h\", \"body\": ' || repeat('[', 130) || repeat(']', 130) || '}')::jsonb)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let shown = ops::show(&c, &Target::Key("deep".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        shown.payload,
+        serde_json::json!("(not shown: nested more than 128 levels deep)")
+    );
+    for args in [&["show", "deep"][..], &["show", "deep", "--json"]] {
+        let (code, stdout, stderr) = cli(&db, args);
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        assert!(stdout.contains("not shown: nested"), "{stdout}");
+    }
+}

@@ -274,3 +274,34 @@ async fn the_body_is_never_logged() {
     assert!(text.contains("attempt finished"), "the attempt was logged");
     assert!(!text.contains("BODYSECRET42"), "{text}");
 }
+
+/// A JSON body nested deeper than a reader of `response` can take back (serde_json, which
+/// tokio-postgres reads `jsonb` with, stops at 128 levels, and the body sits one level down
+/// in `response`) is kept as its text: `lookup`, `show` and the console can then read the
+/// row. Kept as a value, it made `show` panic and every `lookup` of the key fail, so the
+/// caller could never learn that the effect had happened.
+#[tokio::test]
+async fn a_json_body_nested_too_deep_to_read_back_is_stored_as_its_text() {
+    let body = format!("{}{}", "[".repeat(127), "]".repeat(127));
+    let (r, db, _rx) = stored(
+        "res:deep",
+        Some(true),
+        Reply::Body(200, Some("application/json"), body.clone().into_bytes()),
+    )
+    .await;
+    assert_eq!(r["body"], json!(body));
+    assert_eq!(r["body_truncated"], json!(false));
+
+    let c = db.client().await;
+    let status = outboxd::lookup(&c, "res:deep").await.unwrap().unwrap();
+    assert_eq!(status.response.unwrap()["body"], json!(body));
+    let out = {
+        let url = db.url();
+        tokio::task::spawn_blocking(move || {
+            common::binary::run(common::binary::outboxd(Some(&url)).args(["show", "res:deep"]))
+        })
+        .await
+        .unwrap()
+    };
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+}

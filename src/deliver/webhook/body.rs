@@ -102,17 +102,34 @@ pub(super) async fn keep(response: &mut Response, summary: &mut Value, deadline:
 /// `\u0000`) is kept as text, and in text it is replaced by U+FFFD, as bytes that are not
 /// UTF-8 are. (Without that, the completion statement holding it would fail, again and
 /// again, for every attempt written with it.)
+///
+/// A JSON body nested more than [`MAX_DEPTH`] levels is kept as text too: the readers of
+/// `response` (tokio-postgres reads `jsonb` with serde_json, which stops at 128 levels)
+/// could not take it back, and `lookup` of the key would fail for good.
 pub fn stored(bytes: &[u8], complete: bool) -> (Value, bool) {
     let fits = bytes.len() <= MAX_BODY;
     if complete && fits {
         if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
-            if !has_nul(&v) {
+            if !has_nul(&v) && depth(&v) <= MAX_DEPTH {
                 return (v, false);
             }
         }
     }
     let cut = &bytes[..bytes.len().min(MAX_BODY)];
     (Value::String(text(cut)), !(complete && fits))
+}
+
+/// The deepest nesting a stored JSON body keeps as a value: far more than any API's
+/// response, and far from the 128 levels serde_json reads back (`response` adds one).
+pub const MAX_DEPTH: usize = 64;
+
+/// How deeply `v` nests: 0 for a scalar, 1 for a flat array or object.
+fn depth(v: &Value) -> usize {
+    match v {
+        Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+        Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => 0,
+    }
 }
 
 /// Does any string or key of `v` hold U+0000?
@@ -165,6 +182,22 @@ mod tests {
         assert_eq!(stored(b"accepted", true), (json!("accepted"), false));
         assert_eq!(stored(b"", true), (json!(""), false));
         assert_eq!(stored(b"{\"a\": ", true), (json!("{\"a\": "), false));
+    }
+
+    #[test]
+    fn json_nested_past_the_limit_is_kept_as_text() {
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let (v, t) = stored(nested(MAX_DEPTH).as_bytes(), true);
+        assert!(v.is_array() && !t, "{MAX_DEPTH} levels are a value");
+        let (v, t) = stored(
+            format!("{{\"a\": {}}}", nested(MAX_DEPTH - 1)).as_bytes(),
+            true,
+        );
+        assert!(v.is_object() && !t, "objects count as levels too");
+        let deeper = nested(MAX_DEPTH + 1);
+        assert_eq!(stored(deeper.as_bytes(), true), (json!(deeper), false));
+        let deeper = format!("{{\"a\": {}}}", nested(MAX_DEPTH));
+        assert_eq!(stored(deeper.as_bytes(), true), (json!(deeper), false));
     }
 
     #[test]
