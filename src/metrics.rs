@@ -34,6 +34,9 @@ pub const MESSAGES_ESTIMATED: &str = "outboxd_messages_estimated";
 pub const OLDEST_DUE: &str = "outboxd_oldest_due_seconds";
 /// Destinations whose circuit breaker is open or half-open (read at scrape time).
 pub const DESTINATIONS_OPEN: &str = "outboxd_destinations_open";
+/// 1 when the last scrape read the counts above from the database, 0 when it could not:
+/// those gauges then keep their last values, which must not pass for a quiet queue.
+pub const DATABASE_UP: &str = "outboxd_database_up";
 /// Rows returned by each claim.
 pub const CLAIM_BATCH_SIZE: &str = "outboxd_claim_batch_size";
 
@@ -115,6 +118,10 @@ pub fn install() -> Result<PrometheusHandle, ConfigError> {
         DESTINATIONS_OPEN,
         "Destinations whose circuit breaker is open or half-open."
     );
+    metrics::describe_gauge!(
+        DATABASE_UP,
+        "1 when this scrape read the message counts from the database, 0 when it could not (they keep their last values)."
+    );
     metrics::describe_histogram!(CLAIM_BATCH_SIZE, "Rows returned by each claim.");
     Ok(handle)
 }
@@ -162,6 +169,7 @@ async fn metrics_route(State(st): State<AppState>) -> impl IntoResponse {
             .map_err(|e| e.to_string())
     })
     .await;
+    let up = matches!(status, Ok(Ok(_)));
     match status {
         Ok(Ok(s)) => {
             for state in MessageState::ALL {
@@ -180,6 +188,7 @@ async fn metrics_route(State(st): State<AppState>) -> impl IntoResponse {
         Ok(Err(e)) => tracing::warn!(error = %e, "metrics: cannot read message counts"),
         Err(_) => tracing::warn!("metrics: reading message counts timed out"),
     }
+    metrics::gauge!(DATABASE_UP).set(if up { 1.0 } else { 0.0 });
     (
         [(
             axum::http::header::CONTENT_TYPE,

@@ -251,6 +251,28 @@ async fn metrics_health_and_json_logs() {
     );
     assert_eq!(value("outboxd_oldest_due_seconds"), Some(0.0), "{text}");
     assert!(text.contains("outboxd_claim_batch_size_bucket"), "{text}");
+    assert_eq!(value("outboxd_database_up"), Some(1.0), "{text}");
+
+    // A scrape that cannot read the counts says so: the gauges read from the database keep
+    // their last values, and a frozen `outboxd_oldest_due_seconds` must not pass for a
+    // healthy queue. (The lock holds the count's read past the scrape's 2 s bound.)
+    let mut locker = db.client().await;
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let (status, text) = http_get(&addr, "/metrics").await.expect("metrics answers");
+    assert_eq!(status, 200);
+    let value = |prefix: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    assert_eq!(value("outboxd_database_up"), Some(0.0), "{text}");
+    tx.rollback().await.unwrap();
+    let (_, text) = http_get(&addr, "/metrics").await.expect("metrics answers");
+    assert!(text.contains("outboxd_database_up 1"), "{text}");
 
     let pid = child.id();
     signal(&child, "TERM");
