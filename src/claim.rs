@@ -151,7 +151,7 @@ pub async fn claim<C: GenericClient>(
     worker: &str,
     lease: Duration,
 ) -> Result<Vec<Claimed>, tokio_postgres::Error> {
-    let args = ClaimArgs::new(channels, limit, lease);
+    let args = ClaimArgs::new(channels, limit, lease, new_token());
     let params = args.params(&worker);
     let typed: Vec<(&(dyn ToSql + Sync), Type)> = params.iter().copied().zip(CLAIM_TYPES).collect();
     let rows = client.query_typed(queries::CLAIM, &typed).await?;
@@ -167,7 +167,25 @@ pub async fn claim_cached(
     worker: &str,
     lease: Duration,
 ) -> Result<Vec<Claimed>, tokio_postgres::Error> {
-    let args = ClaimArgs::new(channels, limit, lease);
+    claim_cached_as(client, channels, limit, worker, lease, new_token()).await
+}
+
+/// A fresh lease token: random (version 4), from the thread's CSPRNG.
+pub fn new_token() -> Uuid {
+    uuid::Builder::from_random_bytes(rand::random()).into_uuid()
+}
+
+/// [`claim_cached`] under a lease token the caller chose, so that it can give the rows
+/// back ([`release_lost_claim`]) when the claim's answer does not come back.
+pub async fn claim_cached_as(
+    client: &deadpool_postgres::Client,
+    channels: &[Channel],
+    limit: usize,
+    worker: &str,
+    lease: Duration,
+    token: Uuid,
+) -> Result<Vec<Claimed>, tokio_postgres::Error> {
+    let args = ClaimArgs::new(channels, limit, lease, token);
     let params = args.params(&worker);
     let rows = cached(client, queries::CLAIM, &CLAIM_TYPES, &params).await?;
     Ok(claimed_rows(rows))
@@ -246,17 +264,17 @@ struct ClaimArgs<'a> {
     channels: Vec<&'a str>,
     limit: i64,
     lease_secs: f64,
-    /// This claim's lease token: random (version 4), from the thread's CSPRNG.
+    /// This claim's lease token ([`new_token`]).
     token: Uuid,
 }
 
 impl<'a> ClaimArgs<'a> {
-    fn new(channels: &'a [Channel], limit: usize, lease: Duration) -> Self {
+    fn new(channels: &'a [Channel], limit: usize, lease: Duration, token: Uuid) -> Self {
         ClaimArgs {
             channels: channels.iter().map(|c| c.as_str()).collect(),
             limit: i64::try_from(limit).unwrap_or(i64::MAX),
             lease_secs: lease.as_secs_f64(),
-            token: uuid::Builder::from_random_bytes(rand::random()).into_uuid(),
+            token,
         }
     }
 
@@ -470,6 +488,20 @@ pub async fn release<C: GenericClient>(
         (&worker, Type::TEXT),
     ];
     let rows = client.query_typed(queries::RELEASE, &params).await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Gives back every row still leased under `token`, a claim whose answer was lost
+/// ([`queries::RELEASE_LOST_CLAIM`]). Returns the ids released.
+pub async fn release_lost_claim<C: GenericClient>(
+    client: &C,
+    worker: &str,
+    token: Uuid,
+) -> Result<Vec<i64>, tokio_postgres::Error> {
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&token, Type::UUID), (&worker, Type::TEXT)];
+    let rows = client
+        .query_typed(queries::RELEASE_LOST_CLAIM, &params)
+        .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 

@@ -266,6 +266,27 @@ SELECT id, attempt, $3::text, now(), now(), 'released' FROM released
 RETURNING message_id
 "#;
 
+/// Release the rows of a claim whose answer never came back (the connection was lost, or
+/// the claim's time bound passed, when the statement may have committed): every row still
+/// `running` under that claim's lease token goes back as [`RELEASE`] gives a row back. No
+/// task of the worker holds them, since the rows never reached one; left alone they waited
+/// for their leases to expire and counted an attempt never made, as ambiguous (dead at once
+/// with `retry_ambiguous = false`). Found through the partial index of `running` rows,
+/// which the token then filters. `$1` the claim's token, `$2` worker id. Returns the ids
+/// released.
+pub const RELEASE_LOST_CLAIM: &str = r#"
+WITH released AS (
+    UPDATE outbox.messages m SET
+        state = 'pending', attempts = m.attempts - 1, lease_owner = NULL, lease_token = NULL,
+        lease_expires_at = NULL, updated_at = now()
+    WHERE m.state = 'running' AND m.lease_token = $1::uuid
+    RETURNING m.id, m.attempts + 1 AS attempt
+)
+INSERT INTO outbox.attempts (message_id, attempt, worker, started_at, finished_at, outcome)
+SELECT id, attempt, $2::text, now(), now(), 'released' FROM released
+RETURNING message_id
+"#;
+
 /// Defer: give back claimed messages that are not to be sent yet (an open circuit breaker, a
 /// rate limit, a busy host; `state::Deferral`), fenced by lease token. Like [`RELEASE`] the
 /// attempt is not counted (`attempts - 1`); unlike it, the row is due only after its delay and

@@ -76,6 +76,8 @@ struct ClaimTask {
     /// Taken before the claim: the lease runs from the claim's statement, so this is never
     /// later than the lease's own start.
     claimed_at: Instant,
+    /// The claim's lease token, to give its rows back if its answer is lost.
+    token: uuid::Uuid,
 }
 
 /// What woke the loop.
@@ -227,6 +229,7 @@ impl ClaimLoop {
         let Some(task) = self.take_claim_task(id) else {
             return;
         };
+        release_lost_claim(self.shared.clone(), task.token);
         if let Some(lane) = self.lanes.get_mut(task.lane) {
             lane.claim_ended(task.want);
             lane.armed = true;
@@ -337,6 +340,7 @@ impl ClaimLoop {
             let shared = shared.clone();
             let channels = lane.channels.clone();
             let claimed_at = Instant::now();
+            let token = claim::new_token();
             // Bounded: a database that stops answering must not hold the lane's places
             // for ever. A stop waits for it only briefly
             // ([`ClaimLoop::give_back_claims_in_flight`]).
@@ -345,10 +349,16 @@ impl ClaimLoop {
                 bounded(async {
                     let client = checkout(&shared.pools.hot).await?;
                     let t = Instant::now();
-                    let batch =
-                        claim::claim_cached(&client, &channels, want, &cfg.worker_id, cfg.lease)
-                            .await
-                            .map_err(|e| crate::db::describe(&e))?;
+                    let batch = claim::claim_cached_as(
+                        &client,
+                        &channels,
+                        want,
+                        &cfg.worker_id,
+                        cfg.lease,
+                        token,
+                    )
+                    .await
+                    .map_err(|e| crate::db::describe(&e))?;
                     Ok((batch, t.elapsed()))
                 })
                 .await
@@ -358,6 +368,7 @@ impl ClaimLoop {
                 lane: index,
                 want,
                 claimed_at,
+                token,
             });
         }
     }
@@ -371,6 +382,7 @@ impl ClaimLoop {
             lane: index,
             want,
             claimed_at,
+            token,
             ..
         } = task;
         let Some(lane) = self.lanes.get_mut(index) else {
@@ -387,6 +399,7 @@ impl ClaimLoop {
                 tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "claim failed; retrying");
                 self.not_before = Some(Instant::now() + wait);
                 lane.armed = true;
+                release_lost_claim(shared, token);
                 return false;
             }
         };
@@ -463,4 +476,46 @@ async fn drain_done(shared: &Shared) -> Result<bool, String> {
     })
     .await?;
     Ok(!unfinished)
+}
+
+/// Gives back the rows a claim may have taken when its answer did not come back: the
+/// statement may have committed before the connection was lost, or may still commit after
+/// the claim's time bound gave up on it. No task holds those rows, and left to their leases
+/// they would count an attempt never made, as ambiguous. So every row still leased under
+/// the claim's token goes back uncounted (`claim::release_lost_claim`), now and twice more
+/// within a few seconds, for a statement that commits late. Through the general pool: the
+/// hot pool's connection may be what was lost.
+fn release_lost_claim(shared: Arc<Shared>, token: uuid::Uuid) {
+    tokio::spawn(async move {
+        for wait in [
+            Duration::ZERO,
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+        ] {
+            tokio::time::sleep(wait).await;
+            let released = bounded(async {
+                let client = checkout(&shared.pools.general).await?;
+                claim::release_lost_claim(&**client, &shared.cfg.worker_id, token)
+                    .await
+                    .map_err(|e| crate::db::describe(&e))
+            })
+            .await;
+            match released {
+                Ok(ids) => {
+                    for id in &ids {
+                        tracing::info!(
+                            message_id = id,
+                            outcome = "released",
+                            "claimed message released unstarted: its claim's answer was lost"
+                        );
+                    }
+                    crate::support::lock(&shared.summary).released += ids.len() as u64;
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "could not give back the rows of a lost claim; they are settled when their leases expire"
+                ),
+            }
+        }
+    });
 }

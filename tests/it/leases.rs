@@ -1131,3 +1131,60 @@ async fn no_row_claimed_ahead_starts_a_request_after_the_stop() {
     };
     assert_eq!(row_state(&db, unsent).await, "pending");
 }
+
+/// A claim whose answer is lost after its statement committed (here the connection is cut
+/// as the claimed rows come back) leaves rows leased to this worker that no task holds.
+/// They go back at once, uncounted, and are claimed and sent again; before, they waited for
+/// their leases to expire and counted an attempt never made, as ambiguous: with
+/// `retry_ambiguous = false`, dead `ambiguous` though nothing had been sent.
+#[tokio::test]
+async fn a_claim_whose_answer_is_lost_gives_its_rows_back() {
+    use common::cutter::Cutter;
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    let url = url::Url::parse(&db.url()).unwrap();
+    let upstream = tokio::net::lookup_host((url.host_str().unwrap(), url.port().unwrap_or(5432)))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    // The key is in the claim's answer (its rows) and in no other answer the worker gets
+    // through the proxy; the test enqueues on its own connection.
+    let key = "lost-answer:1";
+    let cutter = Cutter::start(upstream, key.as_bytes()).await;
+    let password = url.password().map(|p| format!(":{p}")).unwrap_or_default();
+    // In plain text, so that the proxy can see the key (the machine's server may offer TLS).
+    let proxied = format!(
+        "postgres://{}{password}@127.0.0.1:{}{}?sslmode=disable",
+        url.username(),
+        cutter.port,
+        url.path()
+    );
+    let pools = outboxd::worker::Pools::new(&outboxd::db::parse_url(&proxied).unwrap(), 4).unwrap();
+    enqueue_webhook(&db, key, &rx.url("/h"), 3, false).await;
+    let w = RunningWorker::start_on(
+        &db,
+        pools,
+        test_worker_config("w"),
+        test_webhook_config(),
+        None,
+    );
+    // Well inside the 10 s lease: the rows came back at once, not at the lease's end.
+    let row = wait_for_state(&db, key, "delivered", Duration::from_secs(6)).await;
+    w.stop().await;
+    assert!(
+        cutter.has_cut(),
+        "no answer was cut: this test showed nothing"
+    );
+    assert_eq!(row.attempts, 1, "the lost claim's attempt was not counted");
+    let outcomes: Vec<(i32, String)> = attempts(&db, key)
+        .await
+        .into_iter()
+        .map(|a| (a.0, a.1))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [(1, "released".to_owned()), (1, "delivered".to_owned())]
+    );
+    assert_eq!(rx.requests().len(), 1);
+}

@@ -9,6 +9,7 @@
 pub mod binary;
 pub mod cluster;
 pub mod console;
+pub mod cutter;
 pub mod faulty;
 pub mod pki;
 pub mod receiver;

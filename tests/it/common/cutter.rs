@@ -1,0 +1,88 @@
+//! A TCP proxy in front of PostgreSQL that loses one answer: the first time the server's
+//! bytes to a client carry a marker, they are dropped and that connection is closed both
+//! ways, as a network cut or a server crash right after a commit would leave it. Every
+//! other connection, and every later answer, passes untouched.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+pub struct Cutter {
+    pub port: u16,
+    cut: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Cutter {
+    /// Proxies 127.0.0.1:`port` to `upstream`, cutting the first answer that holds `marker`.
+    pub async fn start(upstream: SocketAddr, marker: &'static [u8]) -> Cutter {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let flag = cut.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let flag = flag.clone();
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(upstream).await {
+                        relay(client, server, marker, flag).await;
+                    }
+                });
+            }
+        });
+        Cutter { port, cut, task }
+    }
+
+    /// Whether the answer has been cut.
+    pub fn has_cut(&self) -> bool {
+        self.cut.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Cutter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn relay(client: TcpStream, server: TcpStream, marker: &'static [u8], cut: Arc<AtomicBool>) {
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = server.into_split();
+    let up = async {
+        let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
+    };
+    let down = async {
+        // The last bytes of the previous read too, so that a marker split between two
+        // reads is still seen.
+        let mut seen: Vec<u8> = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from_server.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let keep = seen.len().saturating_sub(marker.len());
+            seen.drain(..keep);
+            seen.extend_from_slice(&buf[..n]);
+            if !cut.load(Ordering::SeqCst)
+                && seen.windows(marker.len()).any(|w| w == marker)
+                && !cut.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
+            if to_client.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    // Whichever side ends first ends both: the halves are dropped, the sockets closed.
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
