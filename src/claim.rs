@@ -390,6 +390,22 @@ pub async fn complete_cached(
     Ok(outcomes(&rows))
 }
 
+/// [`complete_cached`] for a batch whose first statement failed, and may have committed
+/// before its answer was lost ([`queries::COMPLETE_AGAIN`]): an attempt already recorded is
+/// returned as recorded, not written again as `lease_lost`.
+pub async fn complete_again<C: GenericClient>(
+    client: &C,
+    worker: &str,
+    batch: &[Completion],
+) -> Result<Vec<(i64, AttemptOutcome)>, tokio_postgres::Error> {
+    let args = CompleteArgs::new(batch);
+    let params = args.params(&worker);
+    let typed: Vec<(&(dyn ToSql + Sync), Type)> =
+        params.iter().copied().zip(COMPLETE_TYPES).collect();
+    let rows = client.query_typed(queries::COMPLETE_AGAIN, &typed).await?;
+    Ok(outcomes(&rows))
+}
+
 /// The completion arrays, one element per finished attempt.
 struct CompleteArgs<'a> {
     ids: Vec<i64>,

@@ -182,6 +182,40 @@ SELECT id, message_key, channel, attempts, max_attempts, retry_in, 'deferred'
 FROM deferred
 "#;
 
+/// The part of [`COMPLETE`] and [`COMPLETE_AGAIN`] before their `INSERT`: the input
+/// arrays with positions (`i`) and the fenced update (`done`). A macro so that both
+/// statements are one literal each, written once.
+macro_rules! complete_head {
+    () => {
+        r#"
+WITH i AS (
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
+                         $6::text[], $7::jsonb[], $8::int[], $9::text[], $10::int[],
+                         $11::bool[], $12::timestamptz[]) WITH ORDINALITY
+        AS i(id, token, state, delay, error_class, error, response, attempt, outcome, status,
+             deduplicated, started_at, pos)
+), done AS (
+    UPDATE outbox.messages m SET
+        state            = i.state,
+        run_after        = CASE WHEN i.state = 'pending'
+                                THEN now() + make_interval(secs => i.delay)
+                                ELSE m.run_after END,
+        lease_owner      = NULL,
+        lease_token      = NULL,
+        lease_expires_at = NULL,
+        error_class      = i.error_class,
+        last_error       = i.error,
+        response         = coalesce(i.response, m.response),
+        delivered_at     = CASE WHEN i.state = 'delivered' THEN now() END,
+        dead_at          = CASE WHEN i.state = 'dead' THEN now() END,
+        updated_at       = now()
+    FROM i
+    WHERE m.id = ANY($1::bigint[]) AND m.id = i.id AND m.lease_token = i.token
+    RETURNING i.pos
+)"#
+    };
+}
+
 /// Complete: record the end of many attempts in one statement, each fenced by its lease.
 ///
 /// Inputs are parallel arrays, one element per finished attempt: `$1` ids, `$2` lease
@@ -208,32 +242,9 @@ FROM deferred
 /// have been purged since; its attempt row would then have nothing to refer to). `OFFSET 0`
 /// keeps that check a probe of the primary key per row: without it the planner may turn
 /// the `EXISTS` into a hashed subplan, which reads the whole index.
-pub const COMPLETE: &str = r#"
-WITH i AS (
-    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
-                         $6::text[], $7::jsonb[], $8::int[], $9::text[], $10::int[],
-                         $11::bool[], $12::timestamptz[]) WITH ORDINALITY
-        AS i(id, token, state, delay, error_class, error, response, attempt, outcome, status,
-             deduplicated, started_at, pos)
-), done AS (
-    UPDATE outbox.messages m SET
-        state            = i.state,
-        run_after        = CASE WHEN i.state = 'pending'
-                                THEN now() + make_interval(secs => i.delay)
-                                ELSE m.run_after END,
-        lease_owner      = NULL,
-        lease_token      = NULL,
-        lease_expires_at = NULL,
-        error_class      = i.error_class,
-        last_error       = i.error,
-        response         = coalesce(i.response, m.response),
-        delivered_at     = CASE WHEN i.state = 'delivered' THEN now() END,
-        dead_at          = CASE WHEN i.state = 'dead' THEN now() END,
-        updated_at       = now()
-    FROM i
-    WHERE m.id = ANY($1::bigint[]) AND m.id = i.id AND m.lease_token = i.token
-    RETURNING i.pos
-)
+pub const COMPLETE: &str = concat!(
+    complete_head!(),
+    r#"
 INSERT INTO outbox.attempts
     (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error, status,
      deduplicated)
@@ -244,7 +255,40 @@ FROM i LEFT JOIN done d ON d.pos = i.pos
 WHERE d.pos IS NOT NULL
    OR EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = i.id OFFSET 0)
 RETURNING message_id, outcome
-"#;
+"#
+);
+
+/// [`COMPLETE`] again, for a batch whose first statement failed: it may have committed
+/// before its answer was lost (a connection cut, a restart), and then the fence no longer
+/// matches, and `COMPLETE` would record every attempt of the batch a second time, as
+/// `lease_lost`. An attempt row this worker already wrote for the same attempt (the same
+/// message, attempt number and start time) is returned as it stands and nothing is written
+/// for it. Only the completer's retries run this, so the hot statement is not made dearer.
+pub const COMPLETE_AGAIN: &str = concat!(
+    complete_head!(),
+    r#", recorded AS (
+    SELECT i.pos, a.outcome
+    FROM i JOIN outbox.attempts a
+      ON a.message_id = i.id AND a.attempt = i.attempt AND a.started_at = i.started_at
+     AND a.worker = $13::text AND a.outcome <> 'lease_lost'
+), written AS (
+    INSERT INTO outbox.attempts
+        (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error,
+         status, deduplicated)
+    SELECT i.id, i.attempt, $13::text, i.started_at, now(),
+           CASE WHEN d.pos IS NOT NULL THEN i.outcome ELSE 'lease_lost' END,
+           i.error_class, i.error, i.status, i.deduplicated
+    FROM i LEFT JOIN done d ON d.pos = i.pos
+    WHERE (d.pos IS NOT NULL
+           OR EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = i.id OFFSET 0))
+      AND NOT EXISTS (SELECT 1 FROM recorded r WHERE r.pos = i.pos)
+    RETURNING message_id, outcome
+)
+SELECT message_id, outcome FROM written
+UNION ALL
+SELECT i.id, r.outcome FROM recorded r JOIN i ON i.pos = r.pos
+"#
+);
 
 /// Release: give back claimed messages this worker will not start (shutdown), fenced by
 /// lease token. The attempt is not counted (`attempts - 1`) and the row is due at once; a

@@ -98,11 +98,24 @@ pub(super) async fn completer(
             }
         }
         if !completions.is_empty() {
+            // A try after a failed one runs the statement that knows the failed one may have
+            // committed (its answer lost): the attempts are then not recorded twice.
+            let mut again = false;
+            let (worker, done) = (shared.cfg.worker_id.as_str(), completions.as_slice());
             let recorded = retry_db!(
                 shared.pools.hot,
                 hard_stop,
                 "recording attempts",
-                |client| { claim::complete_cached(client, &shared.cfg.worker_id, &completions) }
+                |client| {
+                    let first = !std::mem::replace(&mut again, true);
+                    async move {
+                        if first {
+                            claim::complete_cached(client, worker, done).await
+                        } else {
+                            claim::complete_again(&***client, worker, done).await
+                        }
+                    }
+                }
             );
             // Counted whether or not the lease was still ours: the request was made.
             batch.outcomes = completions

@@ -1132,28 +1132,21 @@ async fn no_row_claimed_ahead_starts_a_request_after_the_stop() {
     assert_eq!(row_state(&db, unsent).await, "pending");
 }
 
-/// A claim whose answer is lost after its statement committed (here the connection is cut
-/// as the claimed rows come back) leaves rows leased to this worker that no task holds.
-/// They go back at once, uncounted, and are claimed and sent again; before, they waited for
-/// their leases to expire and counted an attempt never made, as ambiguous: with
-/// `retry_ambiguous = false`, dead `ambiguous` though nothing had been sent.
-#[tokio::test]
-async fn a_claim_whose_answer_is_lost_gives_its_rows_back() {
-    use common::cutter::Cutter;
-    let db = TestDb::new().await;
-    let rx = Receiver::start().await;
+/// The worker's pools on `db` through a [`Cutter`] that loses the first answer holding
+/// `marker`, in plain text so that the proxy can read it (the machine's server may offer
+/// TLS).
+async fn pools_behind_a_cutter(
+    db: &TestDb,
+    marker: Vec<u8>,
+) -> (outboxd::worker::Pools, common::cutter::Cutter) {
     let url = url::Url::parse(&db.url()).unwrap();
     let upstream = tokio::net::lookup_host((url.host_str().unwrap(), url.port().unwrap_or(5432)))
         .await
         .unwrap()
         .next()
         .unwrap();
-    // The key is in the claim's answer (its rows) and in no other answer the worker gets
-    // through the proxy; the test enqueues on its own connection.
-    let key = "lost-answer:1";
-    let cutter = Cutter::start(upstream, key.as_bytes()).await;
+    let cutter = common::cutter::Cutter::start(upstream, marker).await;
     let password = url.password().map(|p| format!(":{p}")).unwrap_or_default();
-    // In plain text, so that the proxy can see the key (the machine's server may offer TLS).
     let proxied = format!(
         "postgres://{}{password}@127.0.0.1:{}{}?sslmode=disable",
         url.username(),
@@ -1161,6 +1154,22 @@ async fn a_claim_whose_answer_is_lost_gives_its_rows_back() {
         url.path()
     );
     let pools = outboxd::worker::Pools::new(&outboxd::db::parse_url(&proxied).unwrap(), 4).unwrap();
+    (pools, cutter)
+}
+
+/// A claim whose answer is lost after its statement committed (here the connection is cut
+/// as the claimed rows come back) leaves rows leased to this worker that no task holds.
+/// They go back at once, uncounted, and are claimed and sent again; before, they waited for
+/// their leases to expire and counted an attempt never made, as ambiguous: with
+/// `retry_ambiguous = false`, dead `ambiguous` though nothing had been sent.
+#[tokio::test]
+async fn a_claim_whose_answer_is_lost_gives_its_rows_back() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    // The key is in the claim's answer (its rows) and in no other answer the worker gets
+    // through the proxy; the test enqueues on its own connection.
+    let key = "lost-answer:1";
+    let (pools, cutter) = pools_behind_a_cutter(&db, key.as_bytes().to_vec()).await;
     enqueue_webhook(&db, key, &rx.url("/h"), 3, false).await;
     let w = RunningWorker::start_on(
         &db,
@@ -1186,5 +1195,50 @@ async fn a_claim_whose_answer_is_lost_gives_its_rows_back() {
         outcomes,
         [(1, "released".to_owned()), (1, "delivered".to_owned())]
     );
+    assert_eq!(rx.requests().len(), 1);
+}
+
+/// A completion whose answer is lost after it committed is tried again; the second try
+/// finds the attempt recorded and leaves it be. Before, the fence no longer matched and
+/// every attempt of the batch was recorded a second time, as `lease_lost`: in the history,
+/// in the log and in `outboxd_deliveries_total`, for a delivery that went well.
+#[tokio::test]
+async fn a_completion_whose_answer_is_lost_is_recorded_once() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    let key = "lost-completion:1";
+    let id = enqueue_webhook(&db, key, &rx.url("/h"), 3, true).await;
+    // The completion's answer row: (message_id int8, outcome text), in binary.
+    let mut marker = id.to_be_bytes().to_vec();
+    marker.extend_from_slice(&9i32.to_be_bytes());
+    marker.extend_from_slice(b"delivered");
+    let (pools, cutter) = pools_behind_a_cutter(&db, marker).await;
+    let w = RunningWorker::start_on(
+        &db,
+        pools,
+        test_worker_config("w"),
+        test_webhook_config(),
+        None,
+    );
+    wait_for_state(&db, key, "delivered", Duration::from_secs(10)).await;
+    // The stop waits for the completer, which tries again after the cut.
+    wait_until(
+        Duration::from_secs(10),
+        "the completion's answer cut",
+        || {
+            let cut = cutter.has_cut();
+            async move { cut }
+        },
+    )
+    .await;
+    let summary = w.stop().await;
+    let outcomes: Vec<(i32, String)> = attempts(&db, key)
+        .await
+        .into_iter()
+        .map(|a| (a.0, a.1))
+        .collect();
+    assert_eq!(outcomes, [(1, "delivered".to_owned())]);
+    assert_eq!(summary.lease_lost, 0, "{summary:?}");
+    assert_eq!(summary.delivered, 1, "{summary:?}");
     assert_eq!(rx.requests().len(), 1);
 }

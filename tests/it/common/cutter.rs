@@ -20,7 +20,8 @@ pub struct Cutter {
 
 impl Cutter {
     /// Proxies 127.0.0.1:`port` to `upstream`, cutting the first answer that holds `marker`.
-    pub async fn start(upstream: SocketAddr, marker: &'static [u8]) -> Cutter {
+    pub async fn start(upstream: SocketAddr, marker: impl Into<Vec<u8>>) -> Cutter {
+        let marker: Arc<[u8]> = marker.into().into();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let cut = Arc::new(AtomicBool::new(false));
@@ -28,6 +29,7 @@ impl Cutter {
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let flag = flag.clone();
+                let marker = marker.clone();
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(upstream).await {
                         relay(client, server, marker, flag).await;
@@ -50,7 +52,7 @@ impl Drop for Cutter {
     }
 }
 
-async fn relay(client: TcpStream, server: TcpStream, marker: &'static [u8], cut: Arc<AtomicBool>) {
+async fn relay(client: TcpStream, server: TcpStream, marker: Arc<[u8]>, cut: Arc<AtomicBool>) {
     let (mut from_client, mut to_client) = client.into_split();
     let (mut from_server, mut to_server) = server.into_split();
     let up = async {
@@ -70,7 +72,7 @@ async fn relay(client: TcpStream, server: TcpStream, marker: &'static [u8], cut:
             seen.drain(..keep);
             seen.extend_from_slice(&buf[..n]);
             if !cut.load(Ordering::SeqCst)
-                && seen.windows(marker.len()).any(|w| w == marker)
+                && seen.windows(marker.len()).any(|w| w == &marker[..])
                 && !cut.swap(true, Ordering::SeqCst)
             {
                 return;
