@@ -121,6 +121,13 @@ pub fn pool_with_setup(
         None => Some(Duration::from_secs(10)),
     };
     Pool::builder(mgr)
+        .pre_recycle(Hook::sync_fn(|_, metrics| {
+            if read_only::made_before(metrics.created) {
+                Err(HookError::message("made before its host turned read-only"))
+            } else {
+                Ok(())
+            }
+        }))
         .post_create(Hook::async_fn(move |client, _| {
             Box::pin(async move {
                 client
@@ -325,12 +332,49 @@ fn single(
     c
 }
 
+/// Connections to a host that has turned read-only under them: an old primary fenced
+/// with `default_transaction_read_only`, a proxy or a virtual address now in front of a
+/// standby. tokio-postgres checks `target_session_attrs` only when it connects, and the
+/// pools hand a connection out again as long as it is open, so every write on it failed
+/// (SQLSTATE 25006) for as long as the worker ran, and it never moved to the writable host
+/// its `DATABASE_URL` also lists. So when a statement is refused as read-only ([`describe`]
+/// sees every database error the daemon reports), every pooled connection made before that
+/// moment is dropped at its next checkout ([`pool_with_setup`]'s `pre_recycle`), and the
+/// new ones go wherever `target_session_attrs` finds a writable host. Process-wide: a
+/// process's pools all point at one database.
+mod read_only {
+    use std::sync::LazyLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Instant;
+
+    static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+    /// Nanoseconds after [`EPOCH`] of the last refusal; 0 for never.
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+
+    pub(super) fn seen() {
+        let at = u64::try_from(EPOCH.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        SEEN.fetch_max(at.max(1), Ordering::Relaxed);
+    }
+
+    /// Was a connection made at `created` made before the last refusal?
+    pub(super) fn made_before(created: Instant) -> bool {
+        let seen = SEEN.load(Ordering::Relaxed);
+        seen != 0
+            && created
+                .checked_duration_since(*EPOCH)
+                .is_none_or(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX) < seen)
+    }
+}
+
 /// One line about a database error: the SQLSTATE and the server's message, or the
 /// connection problem. tokio-postgres's own Display says only "db error". The server's
 /// DETAIL is left out on purpose: for a constraint violation it quotes the failing row,
 /// payload included.
 pub fn describe(err: &tokio_postgres::Error) -> String {
     if let Some(db) = err.as_db_error() {
+        if *db.code() == tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION {
+            read_only::seen();
+        }
         return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
     }
     let mut out = err.to_string();

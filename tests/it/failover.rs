@@ -309,3 +309,71 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+/// A host that turns read-only under a running worker (an old primary fenced with
+/// `default_transaction_read_only`, a proxy now in front of a standby) is left for the
+/// writable host the URL also lists: once a statement is refused as read-only, the pools
+/// drop the connections made before, and `target_session_attrs=read-write` takes the new
+/// ones past the read-only host. Before, the pools handed the old connections out again
+/// as long as they were open, and every claim failed on them for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_turned_read_only_is_left_for_the_writable_one() {
+    let first = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    let db = TestDb::new().await;
+    // The same database on the first host, migrated.
+    let first_admin: tokio_postgres::Config = first.url.parse().unwrap();
+    connect(&first_admin)
+        .await
+        .batch_execute(&format!("CREATE DATABASE {}", db.name))
+        .await
+        .unwrap();
+    let (base, _) = first.url.rsplit_once('/').unwrap();
+    let first_db = format!("{base}/{}", db.name);
+    let out = run(outboxd(Some(&first_db)).args(["migrate"]));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let first_client = connect(&first_db.parse().unwrap()).await;
+
+    let rx = Receiver::start().await;
+    let url = behind(
+        &db,
+        &format!("127.0.0.1:{}", first.port()),
+        "&target_session_attrs=read-write",
+    );
+    let child = Killed(daemon(&url));
+    // The worker is on the first host.
+    let on_first = outboxd::NewMessage::webhook(
+        "on-the-first-host",
+        serde_json::json!({"url": rx.url("/h")}),
+    );
+    outboxd::enqueue(&first_client, &on_first).await.unwrap();
+    wait_until(Duration::from_secs(20), "the first host's message delivered", || {
+        let c = &first_client;
+        async move {
+            c.query_opt(
+                "SELECT 1 FROM outbox.messages WHERE message_key = 'on-the-first-host' AND state = 'delivered'",
+                &[],
+            )
+            .await
+            .map(|r| r.is_some())
+            .unwrap_or(false)
+        }
+    })
+    .await;
+
+    // Fenced: every session of the first host is read-only from now on.
+    for sql in [
+        "ALTER SYSTEM SET default_transaction_read_only = on",
+        "SELECT pg_reload_conf()",
+    ] {
+        first_client.batch_execute(sql).await.unwrap();
+    }
+    enqueue_webhook(&db, "on-the-second-host", &rx.url("/h"), 3, true).await;
+    wait_for_state(
+        &db,
+        "on-the-second-host",
+        "delivered",
+        Duration::from_secs(20),
+    )
+    .await;
+    drop(child);
+}
