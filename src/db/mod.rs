@@ -316,14 +316,22 @@ fn single(
     }
     c.target_session_attrs(config.get_target_session_attrs());
     c.channel_binding(config.get_channel_binding());
-    match host {
-        Some(Host::Tcp(name)) => {
+    match (host, addr) {
+        (Some(Host::Tcp(name)), _) => {
             c.host(name);
         }
-        Some(Host::Unix(path)) => {
+        (Some(Host::Unix(path)), _) => {
             c.host_path(path);
+            // libpq: "SSL … is ignored for Unix-domain socket communication";
+            // tokio-postgres asked the server for TLS there and failed under `require`.
+            c.ssl_mode(tokio_postgres::config::SslMode::Disable);
         }
-        None => {}
+        // An address alone: TLS still needs a name to give (tokio-postgres refused with "no
+        // hostname provided", even under `prefer`), and the address is the one there is.
+        (None, Some(a)) => {
+            c.host(a.to_string());
+        }
+        (None, None) => {}
     }
     if let Some(a) = addr {
         c.hostaddr(a);
@@ -431,6 +439,21 @@ mod tests {
         );
         assert_eq!(format!("{copy:?}"), format!("{alone:?}"));
         assert_eq!(copy.get_password(), Some(&b"p"[..]));
+    }
+
+    /// libpq's rules where tokio-postgres differs: a Unix socket never asks for TLS
+    /// (`sslmode` is ignored there), and an address given alone is also the name TLS is
+    /// given.
+    #[test]
+    fn sockets_skip_tls_and_an_address_alone_names_itself() {
+        use tokio_postgres::config::{Host, SslMode};
+        let c: tokio_postgres::Config = "host=/run/pg user=u sslmode=require".parse().unwrap();
+        let t = single(&c, c.get_hosts().first(), None, 5432);
+        assert_eq!(t.get_ssl_mode(), SslMode::Disable);
+        let c: tokio_postgres::Config = "hostaddr=10.0.0.1 user=u sslmode=require".parse().unwrap();
+        let t = single(&c, None, c.get_hostaddrs().first().copied(), 5432);
+        assert_eq!(t.get_hosts(), [Host::Tcp("10.0.0.1".into())]);
+        assert_eq!(t.get_ssl_mode(), SslMode::Require);
     }
 
     /// The order of the hosts and addresses to try: as written, each address of a name

@@ -377,3 +377,32 @@ async fn a_host_turned_read_only_is_left_for_the_writable_one() {
     .await;
     drop(child);
 }
+
+/// A server given by its address alone (`hostaddr`, no `host`) connects under the default
+/// `sslmode=prefer`, as with libpq; tokio-postgres refused it before the first byte ("no
+/// hostname provided for TLS handshake").
+#[tokio::test]
+async fn an_address_alone_connects() {
+    let db = TestDb::new().await;
+    let url = url::Url::parse(&db.url()).unwrap();
+    let port = url.port().unwrap_or(5432);
+    let addr = tokio::net::lookup_host((url.host_str().unwrap(), port))
+        .await
+        .unwrap()
+        .next()
+        .unwrap()
+        .ip();
+    let password = url
+        .password()
+        .map(|p| format!(" password={p}"))
+        .unwrap_or_default();
+    let dsn = format!(
+        "hostaddr={addr} port={port} user={}{password} dbname={}",
+        url.username(),
+        db.name
+    );
+    let out = tokio::task::spawn_blocking(move || run(outboxd(Some(&dsn)).args(["status"])))
+        .await
+        .unwrap();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+}
