@@ -717,3 +717,58 @@ async fn show_survives_a_payload_nested_too_deep_to_read() {
         assert!(stdout.contains("not shown: nested"), "{stdout}");
     }
 }
+
+/// `replay --all-dead` locks the dead letters as it reads them: a dead letter an operator
+/// is cancelling at that moment is waited for, then left out, and the rest are replayed.
+/// Read without the lock, the row was still dead in the replay's snapshot, and the replay
+/// itself then met it cancelled and refused the whole batch.
+#[tokio::test]
+async fn replay_all_dead_waits_for_a_concurrent_cancel_and_leaves_its_row_out() {
+    let db = TestDb::new().await;
+    for k in ["all:1", "all:2", "all:3"] {
+        enqueue_webhook(&db, k, "https://example.com/h", 3, true).await;
+        kill(&db, k, "exhausted", "1 minute").await;
+    }
+    // An operator's cancel of all:2, not yet committed.
+    let mut operator = db.client().await;
+    let cancel = operator.transaction().await.unwrap();
+    cancel
+        .execute(
+            "SELECT outbox.cancel(ARRAY(SELECT id FROM outbox.messages WHERE message_key = 'all:2'))",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let mut replayer = db.client().await;
+    let pid = backend_pid(&replayer).await;
+    let replay = tokio::spawn(async move {
+        ops::replay(
+            &mut replayer,
+            &ReplaySelection::AllDead(DeadFilter::default()),
+            "alice",
+            false,
+        )
+        .await
+        .map(|r| r.into_iter().map(|(_, k)| k).collect::<Vec<_>>())
+    });
+    let watch = db.client().await;
+    wait_for_backend_wait(
+        &watch,
+        pid,
+        "transactionid",
+        "the replay to wait for the cancel",
+    )
+    .await;
+    cancel.commit().await.unwrap();
+
+    let replayed = replay.await.unwrap();
+    assert_eq!(
+        replayed.as_deref().map_err(|e| e.to_string()),
+        Ok(&["all:1".to_owned(), "all:3".to_owned()][..])
+    );
+    assert_eq!(row(&db, "all:2").await.state, "cancelled");
+    for k in ["all:1", "all:3"] {
+        assert_eq!(row(&db, k).await.state, "pending");
+    }
+}
