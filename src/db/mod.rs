@@ -1,13 +1,16 @@
 //! Connections: the worker's pool, and single connections for the CLI and LISTEN, every
 //! one of them through the TLS settings of `DATABASE_URL` ([`tls`]).
 
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::time::Duration;
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use rand::seq::SliceRandom as _;
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
+use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -120,9 +123,12 @@ pub fn pool_with_setup(
         Some(_) => None,
         None => Some(Duration::from_secs(10)),
     };
+    // Only a pool that asks for a writable host can find another by connecting again;
+    // any other would reconnect to the same read-only host, again and again.
+    let leave_read_only = db.config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite;
     Pool::builder(mgr)
-        .pre_recycle(Hook::sync_fn(|_, metrics| {
-            if read_only::made_before(metrics.created) {
+        .pre_recycle(Hook::sync_fn(move |_, metrics| {
+            if leave_read_only && read_only::made_before(metrics.created) {
                 Err(HookError::message("made before its host turned read-only"))
             } else {
                 Ok(())
@@ -147,7 +153,7 @@ pub fn pool_with_setup(
 
 /// One connection, its driver spawned on the runtime.
 pub async fn connect(db: &Database) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = open(&db.config, &db.tls).await?;
+    let (client, connection) = open(db).await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "database connection closed");
@@ -174,7 +180,7 @@ impl deadpool_postgres::Connect for EachHost {
     > {
         let config = config.clone();
         Box::pin(async move {
-            let (client, connection) = open(&config, &self.tls).await?;
+            let (client, connection) = open_with(&config, &self.tls).await?;
             let driver = tokio::spawn(async move {
                 if let Err(e) = connection.await {
                     tracing::debug!(error = %e, "database connection closed");
@@ -185,7 +191,8 @@ impl deadpool_postgres::Connect for EachHost {
     }
 }
 
-type Connection = tokio_postgres::Connection<
+/// A connection's driver, as [`open`] returns it (LISTEN polls it for notifications).
+pub type Connection = tokio_postgres::Connection<
     tokio_postgres::Socket,
     <MakeRustlsConnect as MakeTlsConnect<tokio_postgres::Socket>>::Stream,
 >;
@@ -199,21 +206,54 @@ type Connection = tokio_postgres::Connection<
 /// dead one) held the connection forever, and the hosts after it were never tried, which
 /// is the failover a list of hosts is for. So the list is walked here, one host and
 /// address at a time, each given to tokio-postgres alone under the timeout.
-async fn open(
+pub async fn open(db: &Database) -> Result<(Client, Connection), tokio_postgres::Error> {
+    open_with(&db.config, &db.tls).await
+}
+
+async fn open_with(
     config: &tokio_postgres::Config,
     tls: &MakeRustlsConnect,
 ) -> Result<(Client, Connection), tokio_postgres::Error> {
-    let Some(limit) = config.get_connect_timeout().copied() else {
+    let (Some(limit), Some(list)) = (config.get_connect_timeout().copied(), hosts(config)) else {
+        // No timeout to give each host, or a list tokio-postgres refuses (it says why).
         return config.connect(tls.clone()).await;
     };
     let mut last = None;
-    for target in targets(config, limit).await {
+    let attempt = |target: tokio_postgres::Config| async move {
         match tokio::time::timeout(limit, target.connect(tls.clone())).await {
-            Ok(Ok(connected)) => return Ok(connected),
-            Ok(Err(e)) => last = Some(e),
-            // tokio-postgres's own error for a connection that did not come in time (hidden
-            // from its documentation, but public and what its timeouts return).
-            Err(_) => last = Some(tokio_postgres::Error::__private_api_timeout()),
+            Ok(result) => result,
+            // tokio-postgres's own error for a connection that did not come in time
+            // (hidden from its documentation, but public and what its timeouts return).
+            Err(_) => Err(tokio_postgres::Error::__private_api_timeout()),
+        }
+    };
+    for (host, addr, port) in list {
+        // A name is resolved only when its turn comes, within the timeout, so that each of
+        // its addresses gets a timeout of its own; one that does not resolve is left to
+        // tokio-postgres to report.
+        let addrs: Vec<Option<IpAddr>> = match (host, addr) {
+            (Some(Host::Tcp(name)), None) => {
+                let found =
+                    tokio::time::timeout(limit, tokio::net::lookup_host((name.as_str(), port)))
+                        .await;
+                match found {
+                    Ok(Ok(found)) => {
+                        let mut found: Vec<Option<IpAddr>> = found.map(|a| Some(a.ip())).collect();
+                        if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
+                            found.shuffle(&mut rand::rng());
+                        }
+                        if found.is_empty() { vec![None] } else { found }
+                    }
+                    _ => vec![None],
+                }
+            }
+            (_, addr) => vec![addr],
+        };
+        for addr in addrs {
+            match attempt(single(config, host, addr, port)).await {
+                Ok(connected) => return Ok(connected),
+                Err(e) => last = Some(e),
+            }
         }
     }
     match last {
@@ -223,53 +263,32 @@ async fn open(
     }
 }
 
-/// Every host and address of `config` to try, in libpq's order (or shuffled, with
-/// `load_balance_hosts=random`), each as a configuration of one host and one address.
-/// A host name is resolved here, within `limit`, so that each of its addresses gets a
-/// timeout of its own; one that does not resolve is left to tokio-postgres to report.
-async fn targets(config: &tokio_postgres::Config, limit: Duration) -> Vec<tokio_postgres::Config> {
-    use rand::seq::SliceRandom as _;
-    use tokio_postgres::config::{Host, LoadBalanceHosts};
-    let random = config.get_load_balance_hosts() == LoadBalanceHosts::Random;
+/// One entry of a host list: the host, its `hostaddr`, its port.
+type Target<'a> = (Option<&'a Host>, Option<IpAddr>, u16);
+
+/// `config`'s hosts in the order to try them (libpq's, or shuffled with
+/// `load_balance_hosts=random`): each host, its address when `hostaddr` gives one, and its
+/// port. None when the counts do not match, which tokio-postgres refuses with its reason.
+fn hosts(config: &tokio_postgres::Config) -> Option<Vec<Target<'_>>> {
     let hosts = config.get_hosts();
     let addrs = config.get_hostaddrs();
     let ports = config.get_ports();
-    let mut order: Vec<usize> = (0..hosts.len().max(addrs.len())).collect();
-    if random {
-        order.shuffle(&mut rand::rng());
+    let n = hosts.len().max(addrs.len());
+    if (!hosts.is_empty() && !addrs.is_empty() && hosts.len() != addrs.len())
+        || (ports.len() > 1 && ports.len() != n)
+    {
+        return None;
     }
-    let mut out = Vec::new();
-    for i in order {
-        let host = hosts.get(i);
-        let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-        match (host, addrs.get(i)) {
-            (_, Some(addr)) => out.push(single(config, host, Some(*addr), port)),
-            (Some(Host::Tcp(name)), None) => {
-                let resolved =
-                    tokio::time::timeout(limit, tokio::net::lookup_host((name.as_str(), port)))
-                        .await;
-                match resolved {
-                    Ok(Ok(found)) => {
-                        let mut found: Vec<_> = found.map(|a| a.ip()).collect();
-                        if random {
-                            found.shuffle(&mut rand::rng());
-                        }
-                        if found.is_empty() {
-                            out.push(single(config, host, None, port));
-                        }
-                        out.extend(
-                            found
-                                .into_iter()
-                                .map(|a| single(config, host, Some(a), port)),
-                        );
-                    }
-                    _ => out.push(single(config, host, None, port)),
-                }
-            }
-            (host, None) => out.push(single(config, host, None, port)),
-        }
+    let mut list: Vec<_> = (0..n)
+        .map(|i| {
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            (hosts.get(i), addrs.get(i).copied(), port)
+        })
+        .collect();
+    if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
+        list.shuffle(&mut rand::rng());
     }
-    out
+    Some(list)
 }
 
 /// `config` with only one host: `host` (kept for TLS's name check), reached at `addr`
@@ -277,11 +296,10 @@ async fn targets(config: &tokio_postgres::Config, limit: Duration) -> Vec<tokio_
 /// holds this to what tokio-postgres parses, so a setting it adds is not lost unnoticed.
 fn single(
     config: &tokio_postgres::Config,
-    host: Option<&tokio_postgres::config::Host>,
-    addr: Option<std::net::IpAddr>,
+    host: Option<&Host>,
+    addr: Option<IpAddr>,
     port: u16,
 ) -> tokio_postgres::Config {
-    use tokio_postgres::config::Host;
     let mut c = tokio_postgres::Config::new();
     if let Some(v) = config.get_user() {
         c.user(v);
@@ -320,11 +338,15 @@ fn single(
         (Some(Host::Tcp(name)), _) => {
             c.host(name);
         }
-        (Some(Host::Unix(path)), _) => {
+        (Some(Host::Unix(path)), addr) => {
             c.host_path(path);
             // libpq: "SSL … is ignored for Unix-domain socket communication";
             // tokio-postgres asked the server for TLS there and failed under `require`.
-            c.ssl_mode(tokio_postgres::config::SslMode::Disable);
+            // With an address beside the path the connection goes over TCP to it, and TLS
+            // stays as asked.
+            if addr.is_none() {
+                c.ssl_mode(tokio_postgres::config::SslMode::Disable);
+            }
         }
         // An address alone: TLS still needs a name to give (tokio-postgres refused with "no
         // hostname provided", even under `prefer`), and the address is the one there is.
@@ -345,11 +367,13 @@ fn single(
 /// standby. tokio-postgres checks `target_session_attrs` only when it connects, and the
 /// pools hand a connection out again as long as it is open, so every write on it failed
 /// (SQLSTATE 25006) for as long as the worker ran, and it never moved to the writable host
-/// its `DATABASE_URL` also lists. So when a statement is refused as read-only ([`describe`]
-/// sees every database error the daemon reports), every pooled connection made before that
-/// moment is dropped at its next checkout ([`pool_with_setup`]'s `pre_recycle`), and the
-/// new ones go wherever `target_session_attrs` finds a writable host. Process-wide: a
-/// process's pools all point at one database.
+/// its `DATABASE_URL` also lists. So when one of the worker's statements is refused as
+/// read-only ([`failed`]), every connection made before that moment by a pool asking for
+/// `target_session_attrs=read-write` is dropped at its next checkout ([`pool_with_setup`]'s
+/// `pre_recycle`), and the new ones go wherever a writable host is. Process-wide: a
+/// process's pools all point at one database. Connections made after a refusal were found
+/// writable when made, so a host that stays read-only costs one round of reconnects, not
+/// one per error.
 mod read_only {
     use std::sync::LazyLock;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -380,9 +404,6 @@ mod read_only {
 /// payload included.
 pub fn describe(err: &tokio_postgres::Error) -> String {
     if let Some(db) = err.as_db_error() {
-        if *db.code() == tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION {
-            read_only::seen();
-        }
         return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
     }
     let mut out = err.to_string();
@@ -391,6 +412,20 @@ pub fn describe(err: &tokio_postgres::Error) -> String {
         out.push_str(&e.to_string());
     }
     out
+}
+
+/// [`describe`] for a statement of the worker's that failed; one refused because its
+/// session is read-only also tells the pools to move (`read_only`). Kept apart from
+/// `describe`, which operators' commands and an embedding application's errors go through:
+/// their read-only transactions say nothing about the host the worker writes to.
+pub fn failed(err: &tokio_postgres::Error) -> String {
+    if err
+        .as_db_error()
+        .is_some_and(|db| *db.code() == tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION)
+    {
+        read_only::seen();
+    }
+    describe(err)
 }
 
 /// [`describe`] for a pool checkout error.
@@ -450,45 +485,60 @@ mod tests {
         let c: tokio_postgres::Config = "host=/run/pg user=u sslmode=require".parse().unwrap();
         let t = single(&c, c.get_hosts().first(), None, 5432);
         assert_eq!(t.get_ssl_mode(), SslMode::Disable);
+        // A path and an address: the connection goes over TCP to the address, and TLS
+        // stays as asked.
+        let c: tokio_postgres::Config = "host=/run/pg hostaddr=10.0.0.1 user=u sslmode=require"
+            .parse()
+            .unwrap();
+        let t = single(
+            &c,
+            c.get_hosts().first(),
+            c.get_hostaddrs().first().copied(),
+            5432,
+        );
+        assert_eq!(t.get_ssl_mode(), SslMode::Require);
         let c: tokio_postgres::Config = "hostaddr=10.0.0.1 user=u sslmode=require".parse().unwrap();
         let t = single(&c, None, c.get_hostaddrs().first().copied(), 5432);
         assert_eq!(t.get_hosts(), [Host::Tcp("10.0.0.1".into())]);
         assert_eq!(t.get_ssl_mode(), SslMode::Require);
     }
 
-    /// The order of the hosts and addresses to try: as written, each address of a name
-    /// its own target, a port per host or one for all.
-    #[tokio::test]
-    async fn targets_follow_the_list() {
-        let c: tokio_postgres::Config = "host=127.0.0.1,localhost,/run/pg port=5,6,7 user=u"
-            .parse()
-            .unwrap();
-        let t = targets(&c, Duration::from_secs(5)).await;
-        let seen: Vec<String> = t
+    /// The order of the hosts to try, with the address and port of each; a list whose
+    /// counts do not match is left to tokio-postgres, which refuses it with its reason.
+    #[test]
+    fn hosts_follow_the_list() {
+        let c: tokio_postgres::Config = "host=db1,db2,/run/pg port=5,6,7 user=u".parse().unwrap();
+        let seen: Vec<String> = hosts(&c)
+            .unwrap()
             .iter()
-            .map(|t| {
-                format!(
-                    "{:?} {:?} {:?}",
-                    t.get_hosts(),
-                    t.get_hostaddrs(),
-                    t.get_ports()
-                )
-            })
+            .map(|(h, a, p)| format!("{h:?} {a:?} {p}"))
             .collect();
         assert_eq!(
-            seen.first().map(String::as_str),
-            Some(r#"[Tcp("127.0.0.1")] [127.0.0.1] [5]"#)
+            seen,
+            [
+                r#"Some(Tcp("db1")) None 5"#,
+                r#"Some(Tcp("db2")) None 6"#,
+                r#"Some(Unix("/run/pg")) None 7"#
+            ]
         );
-        assert!(
-            seen[1..seen.len() - 1]
-                .iter()
-                .all(|s| s.starts_with(r#"[Tcp("localhost")] ["#) && s.ends_with("] [6]")),
-            "{seen:?}"
-        );
+        let c: tokio_postgres::Config = "host=a,b hostaddr=10.0.0.1,10.0.0.2 port=5"
+            .parse()
+            .unwrap();
+        let seen: Vec<String> = hosts(&c)
+            .unwrap()
+            .iter()
+            .map(|(h, a, p)| format!("{h:?} {a:?} {p}"))
+            .collect();
         assert_eq!(
-            seen.last().map(String::as_str),
-            Some(r#"[Unix("/run/pg")] [] [7]"#)
+            seen,
+            [
+                r#"Some(Tcp("a")) Some(10.0.0.1) 5"#,
+                r#"Some(Tcp("b")) Some(10.0.0.2) 5"#
+            ]
         );
-        assert!(t.iter().all(|t| t.get_user() == Some("u")));
+        for bad in ["host=a,b hostaddr=10.0.0.1", "host=a,b,c port=1,2"] {
+            let c: tokio_postgres::Config = bad.parse().unwrap();
+            assert!(hosts(&c).is_none(), "{bad}");
+        }
     }
 }

@@ -47,7 +47,7 @@ pub async fn purge_delivered(
             let client = checkout(pool).await?;
             crate::ops::purge_batch(&**client, older_than, false, batch)
                 .await
-                .map_err(|e| crate::db::describe(&e))
+                .map_err(|e| crate::db::failed(&e))
         });
         let n = tokio::select! {
             n = one => n?,
@@ -81,7 +81,7 @@ pub async fn ordering_watch(pool: Pool, every: Duration, stop: CancellationToken
             client
                 .query(crate::queries::ORDERING_HELD_UP, &[&ORDERING_LOGGED])
                 .await
-                .map_err(|e| crate::db::describe(&e))
+                .map_err(|e| crate::db::failed(&e))
         });
         // A stop does not wait for a busy pool.
         let rows = tokio::select! {

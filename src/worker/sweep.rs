@@ -72,7 +72,7 @@ async fn sweep_once(shared: Arc<Shared>) -> Result<usize, String> {
         let client = checkout(&shared.pools.general).await?;
         claim::settle_expired(&**client, &cfg.channels, cfg.batch_size, &cfg.retry)
             .await
-            .map_err(|e| crate::db::describe(&e))
+            .map_err(|e| crate::db::failed(&e))
     })
     .await?;
     if !settled.is_empty() {

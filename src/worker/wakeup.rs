@@ -28,7 +28,7 @@ pub(super) async fn listen(
 ) {
     let mut backoff = Backoff::new();
     loop {
-        match db.config().connect(db.tls()).await {
+        match crate::db::open(&db).await {
             Ok((client, mut conn)) => {
                 let (tx, mut rx) = mpsc::unbounded_channel::<()>();
                 let driver = tokio::spawn(async move {

@@ -297,6 +297,14 @@ async fn a_host_that_never_answers_is_passed_over_for_the_next() {
         Duration::from_secs(30),
     )
     .await;
+    // The LISTEN connection got past the silent host too (the worker would also deliver
+    // by polling without it): idle, the worker holds the idle mark through it.
+    wait_for_idle_marks(
+        &db,
+        1,
+        "the daemon's LISTEN connection to hold the idle mark",
+    )
+    .await;
     drop(child);
 }
 
