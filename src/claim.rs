@@ -393,8 +393,8 @@ pub async fn complete_cached(
 /// [`complete_cached`] for a batch whose first statement failed, and may have committed
 /// before its answer was lost ([`queries::COMPLETE_AGAIN`]): an attempt already recorded is
 /// returned as recorded, not written again as `lease_lost`.
-pub async fn complete_again<C: GenericClient>(
-    client: &C,
+pub async fn complete_again(
+    client: &mut tokio_postgres::Client,
     worker: &str,
     batch: &[Completion],
 ) -> Result<Vec<(i64, AttemptOutcome)>, tokio_postgres::Error> {
@@ -402,7 +402,14 @@ pub async fn complete_again<C: GenericClient>(
     let params = args.params(&worker);
     let typed: Vec<(&(dyn ToSql + Sync), Type)> =
         params.iter().copied().zip(COMPLETE_TYPES).collect();
-    let rows = client.query_typed(queries::COMPLETE_AGAIN, &typed).await?;
+    let tx = client.transaction().await?;
+    // A failed try may still be running on the server (its answer lost, not its work):
+    // its rows stay locked until it ends, and what it wrote is then in the snapshot of
+    // the statement after this one (READ COMMITTED takes one per statement).
+    tx.query_typed(queries::LOCK_COMPLETIONS, &[(&args.ids, Type::INT8_ARRAY)])
+        .await?;
+    let rows = tx.query_typed(queries::COMPLETE_AGAIN, &typed).await?;
+    tx.commit().await?;
     Ok(outcomes(&rows))
 }
 

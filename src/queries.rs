@@ -262,15 +262,18 @@ RETURNING message_id, outcome
 /// before its answer was lost (a connection cut, a restart), and then the fence no longer
 /// matches, and `COMPLETE` would record every attempt of the batch a second time, as
 /// `lease_lost`. An attempt row this worker already wrote for the same attempt (the same
-/// message, attempt number and start time) is returned as it stands and nothing is written
-/// for it. Only the completer's retries run this, so the hot statement is not made dearer.
+/// message, attempt number and start time; a lease sweep's rows carry the row's own time)
+/// is returned as it stands and nothing is written for it. Run after
+/// [`LOCK_COMPLETIONS`] in the same transaction, so that a first try still running on the
+/// server has ended and what it wrote is in this statement's snapshot. Only the
+/// completer's retries run this, so the hot statement is not made dearer.
 pub const COMPLETE_AGAIN: &str = concat!(
     complete_head!(),
     r#", recorded AS (
     SELECT i.pos, a.outcome
     FROM i JOIN outbox.attempts a
       ON a.message_id = i.id AND a.attempt = i.attempt AND a.started_at = i.started_at
-     AND a.worker = $13::text AND a.outcome <> 'lease_lost'
+     AND a.worker = $13::text
 ), written AS (
     INSERT INTO outbox.attempts
         (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error,
@@ -308,6 +311,12 @@ WITH input AS (
 INSERT INTO outbox.attempts (message_id, attempt, worker, started_at, finished_at, outcome)
 SELECT id, attempt, $3::text, now(), now(), 'released' FROM released
 RETURNING message_id
+"#;
+
+/// Waits for every other transaction holding the rows of a batch of completions (`$1`
+/// ids), and locks them: what [`COMPLETE_AGAIN`] runs after, in the same transaction.
+pub const LOCK_COMPLETIONS: &str = r#"
+SELECT id FROM outbox.messages WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
 "#;
 
 /// Release the rows of a claim whose answer never came back (the connection was lost, or

@@ -48,11 +48,25 @@ pub(super) enum Gate {
 /// A row the gate let through.
 struct InFlight {
     host: String,
+    /// The lease token of the claim it came with: an outcome or a give-back of an earlier
+    /// claim of the same row, dealt with late, must not take a later claim's entry.
+    token: uuid::Uuid,
     /// Sent as the probe of a host whose cooldown had passed, not because it was closed.
     probe: bool,
     /// The ticket of the failure its task saw, until the completer has recorded it
     /// ([`Breakers::failure_seen`]).
     failure: Option<u64>,
+}
+
+/// One attempt's outcome as the breakers count it: message id, lease token, failure class.
+pub(super) type Outcome = (i64, uuid::Uuid, Option<ErrorClass>);
+
+/// Takes `id`'s entry out of `inflight` if it is the one of the claim with `token`.
+fn take(inflight: &mut HashMap<i64, InFlight>, id: i64, token: uuid::Uuid) -> Option<InFlight> {
+    match inflight.get(&id) {
+        Some(f) if f.token == token => inflight.remove(&id),
+        _ => None,
+    }
 }
 
 /// The worker's breakers: settings, the cached view, and the hosts of rows in flight.
@@ -204,7 +218,7 @@ impl Breakers {
 
     /// Whether a claimed row for `host` may be sent now; takes the probe when the cooldown
     /// has passed (one statement, only then).
-    pub(super) async fn gate(&self, pool: &Pool, id: i64, host: &str) -> Gate {
+    pub(super) async fn gate(&self, pool: &Pool, id: i64, token: uuid::Uuid, host: &str) -> Gate {
         if !self.enabled() {
             return Gate::Send;
         }
@@ -253,6 +267,7 @@ impl Breakers {
             let host = host.to_owned();
             let entry = InFlight {
                 host,
+                token,
                 probe,
                 failure: None,
             };
@@ -385,14 +400,15 @@ impl Breakers {
         }
     }
 
-    /// Forgets the in-flight host of rows given back unsent.
-    pub(super) fn forget(&self, ids: impl Iterator<Item = i64>) {
+    /// Forgets the in-flight host of rows given back unsent (`(id, lease token)`).
+    pub(super) fn forget(&self, rows: impl Iterator<Item = (i64, uuid::Uuid)>) {
         if !self.enabled() {
             return;
         }
         let gone: Vec<InFlight> = {
             let mut inflight = lock(&self.inflight);
-            ids.filter_map(|id| inflight.remove(&id)).collect()
+            rows.filter_map(|(id, token)| take(&mut inflight, id, token))
+                .collect()
         };
         self.settle(gone.into_iter());
         self.recorded.notify_waiters();
@@ -402,9 +418,9 @@ impl Breakers {
     /// unless nothing in it concerns a breaker; logs transitions and moves backlogs.
     /// Then takes this batch's failures off the ones seen but unrecorded
     /// ([`Breakers::failure_seen`]) and wakes the rows waiting in [`Breakers::recheck`].
-    /// `outcomes` are the batch's attempts in order: the message's id and the class of the
-    /// attempt's failure (`None` when it was delivered).
-    pub(super) async fn record(&self, pool: &Pool, outcomes: &[(i64, Option<ErrorClass>)]) {
+    /// `outcomes` are the batch's attempts in order: the message's id, its claim's lease
+    /// token, and the class of the attempt's failure (`None` when it was delivered).
+    pub(super) async fn record(&self, pool: &Pool, outcomes: &[Outcome]) {
         if !self.enabled() {
             return;
         }
@@ -416,19 +432,15 @@ impl Breakers {
 
     /// [`Breakers::record`]'s statement and what follows from it; returns the entries it
     /// took out of `inflight`.
-    async fn record_outcomes(
-        &self,
-        pool: &Pool,
-        outcomes: &[(i64, Option<ErrorClass>)],
-    ) -> Vec<InFlight> {
+    async fn record_outcomes(&self, pool: &Pool, outcomes: &[Outcome]) -> Vec<InFlight> {
         let mut gone = Vec::new();
         // host -> (a success came, failures after the last success), in batch order.
         let mut per_host: Vec<(String, bool, i32)> = Vec::new();
         {
             let mut inflight = lock(&self.inflight);
             let view = lock(&self.view);
-            for &(id, class) in outcomes {
-                let Some(f) = inflight.remove(&id) else {
+            for &(id, token, class) in outcomes {
+                let Some(f) = take(&mut inflight, id, token) else {
                     continue;
                 };
                 let host = f.host.clone();
@@ -536,7 +548,7 @@ async fn query(
         client
             .query(sql, params)
             .await
-            .map_err(|e| crate::db::describe(&e))
+            .map_err(|e| crate::db::failed(&e))
     })
     .await
 }
@@ -593,7 +605,7 @@ async fn restore(
         let client = checkout(&pool).await?;
         crate::ops::restore_backlog(&**client, &host, at)
             .await
-            .map_err(|e| crate::db::describe(&e))
+            .map_err(|e| crate::db::failed(&e))
     })
     .await;
     match restored {
@@ -630,16 +642,32 @@ mod tests {
     async fn a_failure_seen_is_held_until_its_row_leaves_whichever_way() {
         let (b, pool) = breakers();
         let failed = Some(ErrorClass::Transient);
-        assert!(matches!(b.gate(&pool, 1, "h:443").await, Gate::Send));
+        let token = |n: u128| uuid::Uuid::from_u128(n);
+        assert!(matches!(
+            b.gate(&pool, 1, token(1), "h:443").await,
+            Gate::Send
+        ));
         b.failure_seen(1, failed);
         b.failure_seen(1, failed);
         assert_eq!(tickets(&b, "h:443"), 1, "one ticket per attempt");
-        b.forget([1].into_iter());
+        b.forget([(1, token(99))].into_iter());
+        assert_eq!(
+            tickets(&b, "h:443"),
+            1,
+            "another claim's give-back takes nothing"
+        );
+        b.forget([(1, token(1))].into_iter());
         assert_eq!(tickets(&b, "h:443"), 0, "given back");
 
-        assert!(matches!(b.gate(&pool, 2, "h:443").await, Gate::Send));
+        assert!(matches!(
+            b.gate(&pool, 2, token(2), "h:443").await,
+            Gate::Send
+        ));
         b.failure_seen(2, failed);
-        assert!(matches!(b.gate(&pool, 2, "h:443").await, Gate::Send));
+        assert!(matches!(
+            b.gate(&pool, 2, token(3), "h:443").await,
+            Gate::Send
+        ));
         assert_eq!(tickets(&b, "h:443"), 0, "claimed again");
 
         // A success, a permanent refusal or an invalid message says nothing against the host.
@@ -654,10 +682,18 @@ mod tests {
 
         // Recorded: taken off even when the breaker's own write fails (here the database
         // cannot be reached), since the completer has dealt with the result.
-        assert!(matches!(b.gate(&pool, 3, "h:443").await, Gate::Send));
+        assert!(matches!(
+            b.gate(&pool, 3, token(4), "h:443").await,
+            Gate::Send
+        ));
         b.failure_seen(3, failed);
         assert_eq!(tickets(&b, "h:443"), 1);
-        b.record(&pool, &[(3, Some(ErrorClass::Transient))]).await;
+        // An earlier claim's outcome, recorded late, leaves the later claim's entry be.
+        b.record(&pool, &[(3, token(2), Some(ErrorClass::Transient))])
+            .await;
+        assert_eq!(tickets(&b, "h:443"), 1, "a late outcome of another claim");
+        b.record(&pool, &[(3, token(4), Some(ErrorClass::Transient))])
+            .await;
         assert_eq!(tickets(&b, "h:443"), 0, "recorded");
     }
 }

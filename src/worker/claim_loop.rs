@@ -226,10 +226,13 @@ impl ClaimLoop {
             "a claim task failed; claiming again"
         );
         self.not_before = Some(Instant::now() + wait);
+        // Its rows are not given back (`release_lost_claim`): a claim that panics once its
+        // statement has committed may well panic on the same rows again, and given back
+        // uncounted they would go round for ever; left to their leases they are counted,
+        // and dead-lettered in the end.
         let Some(task) = self.take_claim_task(id) else {
             return;
         };
-        release_lost_claim(self.shared.clone(), task.token);
         if let Some(lane) = self.lanes.get_mut(task.lane) {
             lane.claim_ended(task.want);
             lane.armed = true;
@@ -358,7 +361,7 @@ impl ClaimLoop {
                         token,
                     )
                     .await
-                    .map_err(|e| crate::db::describe(&e))?;
+                    .map_err(|e| crate::db::failed(&e))?;
                     Ok((batch, t.elapsed()))
                 })
                 .await
@@ -412,7 +415,7 @@ impl ClaimLoop {
             if let Some(host) = &msg.destination {
                 if let Gate::Defer(delay) = shared
                     .breakers
-                    .gate(&shared.pools.general, msg.id, host)
+                    .gate(&shared.pools.general, msg.id, msg.lease_token, host)
                     .await
                 {
                     shared.inflight.fetch_add(1, Ordering::SeqCst);
@@ -472,7 +475,7 @@ async fn drain_done(shared: &Shared) -> Result<bool, String> {
         let client = checkout(&shared.pools.general).await?;
         claim::has_unfinished(&**client, &shared.cfg.channels)
             .await
-            .map_err(|e| crate::db::describe(&e))
+            .map_err(|e| crate::db::failed(&e))
     })
     .await?;
     Ok(!unfinished)
@@ -497,7 +500,7 @@ fn release_lost_claim(shared: Arc<Shared>, token: uuid::Uuid) {
                 let client = checkout(&shared.pools.general).await?;
                 claim::release_lost_claim(&**client, &shared.cfg.worker_id, token)
                     .await
-                    .map_err(|e| crate::db::describe(&e))
+                    .map_err(|e| crate::db::failed(&e))
             })
             .await;
             match released {

@@ -31,9 +31,9 @@ macro_rules! retry_db {
             // Bounded, and raced against the hard stop, so that neither a silent database
             // nor shutdown can leave the completer stuck inside a write.
             let attempt = bounded(async {
-                let obj = checkout(&$pool).await?;
-                let $client: &deadpool_postgres::Client = &obj;
-                $op.await.map_err(|e| crate::db::describe(&e))
+                let mut obj = checkout(&$pool).await?;
+                let $client: &mut deadpool_postgres::Client = &mut obj;
+                $op.await.map_err(|e| crate::db::failed(&e))
             });
             let result = tokio::select! {
                 r = attempt => r,
@@ -112,7 +112,7 @@ pub(super) async fn completer(
                         if first {
                             claim::complete_cached(client, worker, done).await
                         } else {
-                            claim::complete_again(&***client, worker, done).await
+                            claim::complete_again(client, worker, done).await
                         }
                     }
                 }
@@ -120,7 +120,7 @@ pub(super) async fn completer(
             // Counted whether or not the lease was still ours: the request was made.
             batch.outcomes = completions
                 .iter()
-                .map(|c| (c.id, c.transition.error_class()))
+                .map(|c| (c.id, c.lease_token, c.transition.error_class()))
                 .collect();
             match recorded {
                 Some(outcomes) => log_attempts(&shared, &completions, &logs, &outcomes),
@@ -131,18 +131,23 @@ pub(super) async fn completer(
             }
         }
         if aside_tx.send(batch).is_err() {
+            tracing::error!(
+                "the completer's breaker and release task has ended; recording no more attempts"
+            );
             break;
         }
     }
     drop(aside_tx);
-    let _ = side.await;
+    if let Err(e) = side.await {
+        tracing::error!(error = %e, "the completer's breaker and release task failed");
+    }
 }
 
 /// One batch's share of the general pool, and the places it gives back when done.
 #[derive(Default)]
 struct Aside {
-    /// Every completion's id and failure class, for the breakers.
-    outcomes: Vec<(i64, Option<ErrorClass>)>,
+    /// Every completion's id, lease token and failure class, for the breakers.
+    outcomes: Vec<super::breakers::Outcome>,
     releases: Vec<(i64, uuid::Uuid)>,
     deferrals: Vec<Deferred>,
     places: usize,
@@ -175,8 +180,8 @@ async fn aside(
         shared.breakers.forget(
             releases
                 .iter()
-                .map(|r| r.0)
-                .chain(deferrals.iter().map(|d| d.id)),
+                .copied()
+                .chain(deferrals.iter().map(|d| (d.id, d.lease_token))),
         );
         if !releases.is_empty() {
             let released = retry_db!(

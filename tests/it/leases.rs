@@ -1242,3 +1242,51 @@ async fn a_completion_whose_answer_is_lost_is_recorded_once() {
     assert_eq!(summary.delivered, 1, "{summary:?}");
     assert_eq!(rx.requests().len(), 1);
 }
+
+/// The completer's try after a failed one may meet the failed one still running on the
+/// server (its answer lost, not its work: a cut connection, a bound that gave up while a
+/// commit waited). `complete_again` waits for it, then finds what it recorded: the attempt
+/// stays recorded once, as delivered. (Read in the snapshot its statement began with, the
+/// first try's rows were not there yet, and the attempt was recorded again as `lease_lost`.)
+#[tokio::test]
+async fn a_completion_tried_again_waits_for_the_first_try_still_running() {
+    let db = TestDb::new().await;
+    enqueue_webhook(&db, "again:1", "https://example.com/h", 3, true).await;
+    let mut first = db.client().await;
+    let claimed = claim_n(&first, 1, "w", Duration::from_secs(60)).await;
+    let done = [completion(&claimed[0], Transition::Delivered)];
+
+    // The first try, committed only later.
+    let tx = first.transaction().await.unwrap();
+    let outcome = claim::complete(&tx, "w", &done).await.unwrap();
+    assert_eq!(outcome, [(claimed[0].id, AttemptOutcome::Delivered)]);
+
+    let mut second = db.client().await;
+    let pid = backend_pid(&second).await;
+    let again = tokio::spawn(async move {
+        let done = done;
+        claim::complete_again(&mut second, "w", &done)
+            .await
+            .unwrap()
+    });
+    let watch = db.client().await;
+    wait_for_backend_wait(
+        &watch,
+        pid,
+        "transactionid",
+        "the second try to wait for the first",
+    )
+    .await;
+    tx.commit().await.unwrap();
+
+    assert_eq!(
+        again.await.unwrap(),
+        [(claimed[0].id, AttemptOutcome::Delivered)]
+    );
+    let outcomes: Vec<String> = attempts(&db, "again:1")
+        .await
+        .into_iter()
+        .map(|a| a.1)
+        .collect();
+    assert_eq!(outcomes, ["delivered"]);
+}
