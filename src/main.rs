@@ -28,6 +28,18 @@ fn main() -> ExitCode {
                     let _ = e.print();
                     ExitCode::SUCCESS
                 }
+                // clap says "invalid UTF-8 was detected in one or more arguments" also when
+                // the bytes came from a flag's `OUTBOXD_*` variable: name the variable.
+                ErrorKind::InvalidUtf8 if std::env::args_os().all(|a| a.to_str().is_some()) => {
+                    match non_utf8_flag_variable() {
+                        Some(e) => eprintln!("error: {e} (see outboxd --help)"),
+                        None => eprintln!(
+                            "{} (see outboxd --help)",
+                            outboxd::text::escape(&usage_line(&e))
+                        ),
+                    }
+                    ExitCode::from(2)
+                }
                 _ => {
                     // One line: clap's first line names the problem; the usage block
                     // that follows it is what --help is for.
@@ -40,6 +52,13 @@ fn main() -> ExitCode {
                     ExitCode::from(2)
                 }
             };
+        }
+    };
+    let env = match Env::from_process() {
+        Ok(env) => env,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
         }
     };
     let daemon = matches!(cli.command, Command::Run(_) | Command::Console(_));
@@ -62,7 +81,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let result = runtime.block_on(outboxd::cli::dispatch(cli, Env::from_process()));
+    let result = runtime.block_on(outboxd::cli::dispatch(cli, env));
     // After a graceful stop or a drain (and after a failure): the last spans are exported
     // before the process exits. Outside the runtime: the exporter's client is blocking.
     if let Some(traces) = traces {
@@ -75,6 +94,19 @@ fn main() -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// The `OUTBOXD_*` variable of the invoked subcommand's flags that holds bytes that are not
+/// UTF-8, as an error naming it (never its value), when there is one.
+fn non_utf8_flag_variable() -> Option<outboxd::support::NotUtf8> {
+    use clap::CommandFactory as _;
+    let name = std::env::args_os().nth(1)?;
+    let cli = Cli::command();
+    let sub = cli.find_subcommand(name.to_str()?)?;
+    sub.get_arguments()
+        .filter_map(|a| a.get_env())
+        .find(|var| std::env::var_os(var).is_some_and(|v| v.to_str().is_none()))
+        .map(outboxd::support::NotUtf8::of)
 }
 
 /// clap's message as one line: the lines before its usage block, joined (a missing
@@ -104,21 +136,23 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
     use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::{EnvFilter, Layer as _};
     let default = if daemon { "info" } else { "warn" };
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(v) if !v.is_empty() => EnvFilter::try_new(&v)
+    // Read with `env_var`: a value that is not UTF-8 is an error, not the default.
+    let filter = match outboxd::support::env_var("RUST_LOG")? {
+        Some(v) if !v.is_empty() => EnvFilter::try_new(&v)
             .map_err(|e| anyhow::anyhow!("RUST_LOG is not a valid filter: {e}"))?,
         _ => EnvFilter::new(default),
     };
+    let log_format = outboxd::support::env_var("OUTBOXD_LOG_FORMAT")?;
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let logs = tracing_subscriber::fmt::layer()
         .with_timer(SecondCachedTime)
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    let logs = match std::env::var("OUTBOXD_LOG_FORMAT").as_deref() {
+    let logs = match log_format.as_deref() {
         // JSON escapes control characters itself.
-        Ok("json") => logs.json().boxed(),
-        Ok("text") | Err(_) | Ok("") => logs.fmt_fields(EscapedFields).boxed(),
-        Ok(other) => anyhow::bail!("OUTBOXD_LOG_FORMAT must be text or json (got {other:?})"),
+        Some("json") => logs.json().boxed(),
+        Some("text") | None | Some("") => logs.fmt_fields(EscapedFields).boxed(),
+        Some(other) => anyhow::bail!("OUTBOXD_LOG_FORMAT must be text or json (got {other:?})"),
     };
     let traces = if traced { Traces::from_env()? } else { None };
     if traces.is_none() {
@@ -134,8 +168,8 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
             .with_env_filter(filter.add_directive(off))
             .with_ansi(ansi)
             .with_writer(std::io::stderr);
-        match std::env::var("OUTBOXD_LOG_FORMAT").as_deref() {
-            Ok("json") => global.json().try_init(),
+        match log_format.as_deref() {
+            Some("json") => global.json().try_init(),
             _ => global.fmt_fields(EscapedFields).try_init(),
         }
         .map_err(|e| anyhow::anyhow!("cannot start logging: {e}"))?;

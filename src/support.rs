@@ -79,6 +79,39 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// The text of the environment variable `name`: `None` when it is not set, [`NotUtf8`]
+/// when it is set to bytes that are not UTF-8. `std::env::var(name).ok()` reads such a value
+/// as unset, so a signing secret or a sign-in token that the operator did set would silently
+/// be absent (unsigned webhooks, a console without a token): every variable outboxd reads
+/// goes through here, or checks its value's bytes the same way.
+pub fn env_var(name: &str) -> Result<Option<String>, NotUtf8> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(NotUtf8::of(std::ffi::OsStr::new(name))),
+    }
+}
+
+/// An environment variable set to bytes that are not UTF-8. It shows the variable's name
+/// (with visible escapes, should the name itself be odd), never its value, which may be a
+/// secret.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} is set to a value that is not valid UTF-8 (the value is not shown)")]
+pub struct NotUtf8(String);
+
+impl NotUtf8 {
+    /// The error for the variable `name`.
+    pub fn of(name: &std::ffi::OsStr) -> NotUtf8 {
+        NotUtf8(crate::text::escape(&name.to_string_lossy()).into_owned())
+    }
+}
+
+impl From<NotUtf8> for crate::model::ConfigError {
+    fn from(e: NotUtf8) -> Self {
+        crate::model::ConfigError(e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

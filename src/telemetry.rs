@@ -88,6 +88,17 @@ impl Traces {
     /// set (or `OTEL_SDK_DISABLED=true`, or `OTEL_TRACES_EXPORTER=none`), an error for a
     /// value the SDK could not use.
     pub fn from_env() -> Result<Option<Traces>, TelemetryError> {
+        // The SDK reads many `OTEL_*` variables itself and takes one that is not UTF-8 as
+        // unset (an endpoint: no traces; headers: exports without their credentials), as
+        // would `check_env` below: refused instead, naming the variable.
+        for (name, value) in std::env::vars_os() {
+            use std::os::unix::ffi::OsStrExt as _;
+            if name.as_bytes().starts_with(b"OTEL_") && value.to_str().is_none() {
+                return Err(TelemetryError(
+                    crate::support::NotUtf8::of(&name).to_string(),
+                ));
+            }
+        }
         let env = |name: &str| std::env::var(name).ok();
         if !check_env(&env)? {
             return Ok(None);

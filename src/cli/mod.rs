@@ -5,8 +5,10 @@
 //! `run`, `enqueue` in its namesake, the operator commands in `ops`; settings are assembled
 //! and validated by [`crate::config::assemble`], which this module feeds.
 //!
-//! Flags also read `OUTBOXD_<FLAG>` (a flag beats the variable). Exit codes: 0 success,
-//! 2 bad usage or configuration (one line on stderr), 1 a runtime failure or a refusal.
+//! Flags also read `OUTBOXD_<FLAG>` (a flag beats the variable). A variable that is set to
+//! bytes that are not UTF-8 is bad configuration, named, never read as unset. Exit codes:
+//! 0 success, 2 bad usage or configuration (one line on stderr), 1 a runtime failure or a
+//! refusal.
 
 /// `println!` that ignores a closed stdout (`outboxd dead | head` must not panic).
 macro_rules! out {
@@ -51,8 +53,8 @@ pub struct Env {
     pub smtp_url: Option<Secret>,
     /// `OUTBOXD_WEBHOOK_SECRET`.
     pub webhook_secret: Option<Secret>,
-    /// Every non-empty `OUTBOXD_WEBHOOK_SECRET_<NAME>`, as (variable, value); a name or value
-    /// that is not UTF-8 is kept lossily, so that it fails validation naming the variable.
+    /// Every non-empty `OUTBOXD_WEBHOOK_SECRET_<NAME>`, as (variable, value); a name that is
+    /// not UTF-8 is kept lossily, so that it fails validation naming the variable.
     pub named_webhook_secrets: Vec<(String, Secret)>,
     /// `OUTBOXD_ALLOW_PRIVATE_NETWORKS`.
     pub allow_private_networks: Option<String>,
@@ -64,35 +66,49 @@ pub struct Env {
     pub console_token: Option<Secret>,
 }
 
-/// The `OUTBOXD_WEBHOOK_SECRET_<NAME>` variables among `vars`, sorted by name.
+/// The `OUTBOXD_WEBHOOK_SECRET_<NAME>` variables among `vars` that are not empty, sorted by
+/// name. A name that is not UTF-8 is kept lossily, so that it fails validation naming the
+/// variable; a value that is not UTF-8 is refused here, naming it.
 fn named_secrets(
     vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
-) -> Vec<(String, Secret)> {
+) -> Result<Vec<(String, Secret)>, ConfigError> {
+    use std::os::unix::ffi::OsStrExt as _;
     let prefix = format!("{}_", crate::deliver::webhook::settings::SECRET_VAR);
-    let mut found: Vec<(String, Secret)> = vars
-        .map(|(k, v)| (k.to_string_lossy().into_owned(), v))
-        .filter(|(k, v)| k.starts_with(&prefix) && !v.is_empty())
-        .map(|(k, v)| (k, Secret::from(v.to_string_lossy().into_owned())))
-        .collect();
+    let mut found: Vec<(String, Secret)> = Vec::new();
+    for (k, v) in vars {
+        // Bytes, not text: a name that is not UTF-8 is still one of ours by its prefix.
+        if !k.as_bytes().starts_with(prefix.as_bytes()) || v.is_empty() {
+            continue;
+        }
+        let value = v
+            .into_string()
+            .map_err(|_| crate::support::NotUtf8::of(&k))?;
+        found.push((k.to_string_lossy().into_owned(), Secret::from(value)));
+    }
     found.sort_by(|a, b| a.0.cmp(&b.0));
-    found
+    Ok(found)
 }
 
 impl Env {
-    /// Reads the variables.
-    pub fn from_process() -> Self {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let secret = |k: &str| var(k).map(Secret::from);
-        Env {
-            database_url: secret("DATABASE_URL"),
-            smtp_url: secret("OUTBOXD_SMTP_URL"),
-            webhook_secret: secret("OUTBOXD_WEBHOOK_SECRET"),
-            named_webhook_secrets: named_secrets(std::env::vars_os()),
-            allow_private_networks: var("OUTBOXD_ALLOW_PRIVATE_NETWORKS"),
-            webhook_allow_hosts: var("OUTBOXD_WEBHOOK_ALLOW_HOSTS"),
-            email_message_id_domain: var("OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN"),
-            console_token: secret("OUTBOXD_CONSOLE_TOKEN"),
-        }
+    /// Reads the variables. A set variable whose value is not UTF-8 is an error naming it
+    /// (exit 2), whichever command runs: taken as unset, a secret or token the operator did
+    /// set would silently be missing.
+    pub fn from_process() -> Result<Self, ConfigError> {
+        let var = |k: &str| -> Result<Option<String>, ConfigError> {
+            Ok(crate::support::env_var(k)?.filter(|v| !v.is_empty()))
+        };
+        let secret =
+            |k: &str| -> Result<Option<Secret>, ConfigError> { Ok(var(k)?.map(Secret::from)) };
+        Ok(Env {
+            database_url: secret("DATABASE_URL")?,
+            smtp_url: secret("OUTBOXD_SMTP_URL")?,
+            webhook_secret: secret("OUTBOXD_WEBHOOK_SECRET")?,
+            named_webhook_secrets: named_secrets(std::env::vars_os())?,
+            allow_private_networks: var("OUTBOXD_ALLOW_PRIVATE_NETWORKS")?,
+            webhook_allow_hosts: var("OUTBOXD_WEBHOOK_ALLOW_HOSTS")?,
+            email_message_id_domain: var("OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN")?,
+            console_token: secret("OUTBOXD_CONSOLE_TOKEN")?,
+        })
     }
 
     fn database(&self) -> Result<crate::db::Database, ConfigError> {

@@ -11,12 +11,12 @@ use crate::ops::{
     ReplaySelection, Target,
 };
 
-/// Who an operator action is recorded as (`attempts.worker`): `cli:<login>`.
-fn operator() -> String {
-    format!(
-        "cli:{}",
-        std::env::var("USER").unwrap_or_else(|_| "operator".into())
-    )
+/// Who an operator action is recorded as (`attempts.worker`): `cli:<login>`, or
+/// `cli:operator` when `USER` is not set. A `USER` that is not UTF-8 is refused rather than
+/// recorded as `operator`: the history would name nobody for an action somebody took.
+fn operator() -> Result<String, CliError> {
+    let user = crate::support::env_var("USER").map_err(ConfigError::from)?;
+    Ok(format!("cli:{}", user.unwrap_or_else(|| "operator".into())))
 }
 
 pub(super) async fn migrate(env: &Env) -> Result<(), CliError> {
@@ -239,8 +239,8 @@ pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> 
         }
         ReplaySelection::Named(args.targets.iter().map(|t| Target::parse(t)).collect())
     };
+    let actor = operator()?;
     let mut client = connect(env).await?;
-    let actor = operator();
     let replayed = crate::ops::replay(&mut client, &selection, &actor, args.dry_run)
         .await
         .map_err(|e| match e {
@@ -311,8 +311,9 @@ pub(super) async fn checkpoint(
     env: &Env,
 ) -> Result<(), CliError> {
     let targets: Vec<Target> = targets.iter().map(|t| Target::parse(t)).collect();
+    let actor = operator()?;
     let mut client = connect(env).await?;
-    let changed = crate::ops::checkpoint(&mut client, &action, &targets, &operator())
+    let changed = crate::ops::checkpoint(&mut client, &action, &targets, &actor)
         .await
         .map_err(|e| match e {
             CheckpointError::Database(e) => db_failed(&format!("{} failed", verb(&action)), &e),

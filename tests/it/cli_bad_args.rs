@@ -900,3 +900,76 @@ async fn smtp_credentials_in_clear_text_are_refused_unless_the_relay_is_loopback
         );
     }
 }
+
+/// A variable outboxd reads whose value is not UTF-8 is refused, exit 2, with one line that
+/// names the variable and not its value. Read as unset instead, a signing secret or the
+/// console's token that an operator did set would be silently absent: unsigned webhooks,
+/// an open console. The runs that would start a daemon get a real database and `--drain`
+/// (or, for the console, a bounded run), so a variable taken as unset shows as exit 0 or a
+/// run that does not end, not as a hang of the suite.
+#[tokio::test]
+async fn a_non_utf8_environment_value_exits_2_naming_the_variable() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt as _;
+    let db = TestDb::new().await;
+    let url = db.url();
+    // The value's readable part, which must not be printed.
+    let value = OsStr::from_bytes(b"s3cr3t-whsec_\xff\xfe");
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        ("OUTBOXD_WEBHOOK_SECRET", vec!["run", "--drain"]),
+        ("OUTBOXD_WEBHOOK_SECRET_BILLING", vec!["run", "--drain"]),
+        ("OUTBOXD_SMTP_URL", vec!["run", "--drain"]),
+        ("OUTBOXD_ALLOW_PRIVATE_NETWORKS", vec!["run", "--drain"]),
+        ("OUTBOXD_WEBHOOK_ALLOW_HOSTS", vec!["run", "--drain"]),
+        ("OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN", vec!["run", "--drain"]),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", vec!["run", "--drain"]),
+        ("OTEL_EXPORTER_OTLP_HEADERS", vec!["run", "--drain"]),
+        // A flag's variable, read by clap.
+        ("OUTBOXD_CONCURRENCY", vec!["run", "--drain"]),
+        ("OUTBOXD_JSON", vec!["status"]),
+        ("RUST_LOG", vec!["status"]),
+        ("OUTBOXD_LOG_FORMAT", vec!["status"]),
+        // Who an operator action is recorded as.
+        ("USER", vec!["replay", "1"]),
+        (
+            "OUTBOXD_CONSOLE_TOKEN",
+            vec!["console", "--addr", "127.0.0.1:0"],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (var, args) in &cases {
+        let r = std::panic::catch_unwind(|| {
+            let out = common::binary::run_within(
+                outboxd(Some(&url)).env(var, value).args(args),
+                std::time::Duration::from_secs(10),
+            );
+            let line = assert_one_line_exit(var, &out, 2);
+            assert!(
+                line.contains(var) && line.contains("UTF-8"),
+                "{var}: {line:?} should name the variable and say it is not UTF-8"
+            );
+            assert!(
+                !out.stderr.contains("s3cr3t") && !out.stdout.contains("s3cr3t"),
+                "{var}: the value was printed: {:?}",
+                out.stderr
+            );
+        });
+        if let Err(e) = r {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            failures.push(format!("{var} {args:?}: {msg}"));
+        }
+    }
+    // DATABASE_URL itself: not "is not set".
+    let out = run(outboxd(None).env("DATABASE_URL", value).arg("status"));
+    let line = assert_one_line_exit("DATABASE_URL", &out, 2);
+    if !(line.contains("DATABASE_URL") && line.contains("UTF-8")) || line.contains("s3cr3t") {
+        failures.push(format!("DATABASE_URL: {line:?}"));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let n: i64 = db.scalar("SELECT count(*) FROM outbox.messages").await;
+    assert_eq!(n, 0);
+}
