@@ -8,9 +8,10 @@
 use std::time::SystemTime;
 
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio_postgres::GenericClient;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::{Json, ToSql, Type};
 
 use crate::model::Channel;
 use crate::queries;
@@ -240,12 +241,66 @@ pub async fn enqueue<C: GenericClient>(
     client: &C,
     msg: &NewMessage,
 ) -> Result<Enqueued, EnqueueError> {
+    enqueue_with(client, msg, &msg.payload).await
+}
+
+/// [`enqueue()`] with the payload given as JSON text and sent to PostgreSQL unchanged, in
+/// place of `msg`'s own payload, which is not used: `outboxd enqueue`'s way. Through a
+/// [`Value`] the numbers would be rewritten (`1.10` as `1.1`, `12345678901234567890123` as
+/// `1.2345678901234568e22`), and the same payload text enqueued from SQL and then from the
+/// command line would be refused as a conflict. jsonb parses the text itself, keeping
+/// every digit, as the SQL path does.
+pub(crate) async fn enqueue_json_text<C: GenericClient>(
+    client: &C,
+    msg: &NewMessage,
+    payload: &RawValue,
+) -> Result<Enqueued, EnqueueError> {
+    // A `RawValue` serialises as its text, byte for byte.
+    enqueue_with(client, msg, &Json(payload))
+        .await
+        .map_err(|e| match e {
+            EnqueueError::Database(err) => payload_refused(err),
+            other => other,
+        })
+}
+
+/// jsonb refuses some text that serde_json's check lets through: a lone surrogate escape
+/// (`"\ud800"`: 22P02) or a number beyond numeric's range (22003). In
+/// [`enqueue_json_text`] the payload is the only value PostgreSQL parses from text (the
+/// other parameters are bound in binary, and the SQL checks raise 22023), so these are the
+/// payload's fault: bad input naming it, without the database's DETAIL and CONTEXT, which
+/// quote the payload.
+fn payload_refused(err: tokio_postgres::Error) -> EnqueueError {
+    let Some(db) = err.as_db_error() else {
+        return EnqueueError::Database(err);
+    };
+    if *db.code() == SqlState::INVALID_TEXT_REPRESENTATION
+        || *db.code() == SqlState::NUMERIC_VALUE_OUT_OF_RANGE
+    {
+        EnqueueError::Invalid {
+            field: "payload".into(),
+            message: format!(
+                "payload is not JSON that PostgreSQL accepts: {}",
+                db.message()
+            ),
+        }
+    } else {
+        EnqueueError::Database(err)
+    }
+}
+
+/// [`enqueue()`] with `payload` bound as the jsonb parameter.
+async fn enqueue_with<C: GenericClient>(
+    client: &C,
+    msg: &NewMessage,
+    payload: &(dyn ToSql + Sync),
+) -> Result<Enqueued, EnqueueError> {
     let channel = msg.channel.as_str();
     // query_typed sends parse, bind and execute together: one round trip, no prepare.
     let params: [(&(dyn ToSql + Sync), Type); 8] = [
         (&msg.key, Type::TEXT),
         (&channel, Type::TEXT),
-        (&msg.payload, Type::JSONB),
+        (payload, Type::JSONB),
         (&msg.run_after, Type::TIMESTAMPTZ),
         (&msg.max_attempts, Type::INT4),
         (&msg.retry_ambiguous, Type::BOOL),

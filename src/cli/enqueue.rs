@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use serde_json::value::RawValue;
+
 use super::{CliError, EnqueueArgs, Env, connect, db_failed};
 use crate::enqueue::{EnqueueError, NewMessage};
 use crate::model::{Channel, ConfigError};
@@ -18,9 +20,12 @@ pub(super) async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError
             .map_err(|e| ConfigError(format!("--payload: cannot read {path}: {e}")))?,
         None => args.payload.clone(),
     };
-    let payload: serde_json::Value = serde_json::from_str(&text)
+    // Checked to be JSON here, and then sent as written (`enqueue_json_text` says why): a
+    // `RawValue` is the text, validated, not a parsed value.
+    let payload: Box<RawValue> = serde_json::from_str(&text)
         .map_err(|e| ConfigError(format!("--payload is not valid JSON: {e}")))?;
-    let mut msg = NewMessage::new(args.key.clone(), channel, payload)
+    // The message's own payload is not sent (the text above is): a placeholder.
+    let mut msg = NewMessage::new(args.key.clone(), channel, serde_json::Value::Null)
         .max_attempts(args.max_attempts)
         .retry_ambiguous(!args.no_retry_ambiguous)
         .held(args.held);
@@ -31,7 +36,7 @@ pub(super) async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError
         msg = msg.ordering_key(k.clone());
     }
     let client = connect(env).await?;
-    match crate::enqueue::enqueue(&client, &msg).await {
+    match crate::enqueue::enqueue_json_text(&client, &msg, &payload).await {
         Ok(e) => {
             out!(
                 "{} {}",

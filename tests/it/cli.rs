@@ -495,3 +495,85 @@ fn a_missing_required_flag_is_named() {
     ]));
     assert_usage_error("enqueue without --key", &out, "--key");
 }
+
+/// `outboxd enqueue` sends the payload's text to PostgreSQL as it is: parsed into a
+/// `serde_json::Value` first, `12345678901234567890123` became `1.2345678901234568e22` and
+/// `1.10` became `1.1`, so the same key and payload text enqueued from SQL and then from
+/// the CLI was refused as a conflict (OB409, exit 1) instead of answering `existing`.
+#[tokio::test]
+async fn enqueue_sends_the_payload_text_unchanged() {
+    let db = TestDb::new().await;
+    let url = db.url();
+    let payload = r#"{"url": "https://example.com/h", "body": {"big": 12345678901234567890123, "price": 1.10, "tiny": 1e-400}}"#;
+    let c = db.client().await;
+    let id: i64 = c
+        .query_one(
+            "SELECT outbox.enqueue('order-7:paid', 'webhook', $1::text::jsonb)",
+            &[&payload],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let out = run(outboxd(Some(&url)).args([
+        "enqueue",
+        "--key",
+        "order-7:paid",
+        "--channel",
+        "webhook",
+        "--payload",
+        payload,
+    ]));
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
+    assert_eq!(out.stdout.trim(), format!("{id} existing"));
+
+    // First from the CLI: the numbers are stored as written.
+    let out = run(outboxd(Some(&url)).args([
+        "enqueue",
+        "--key",
+        "order-8:paid",
+        "--channel",
+        "webhook",
+        "--payload",
+        payload,
+    ]));
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
+    for key in ["order-7:paid", "order-8:paid"] {
+        let r = c
+            .query_one(
+                "SELECT payload #>> '{body,big}', payload #>> '{body,price}', \
+                        payload = $2::text::jsonb \
+                 FROM outbox.messages WHERE message_key = $1",
+                &[&key, &payload],
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.get::<_, String>(0), "12345678901234567890123", "{key}");
+        assert_eq!(r.get::<_, String>(1), "1.10", "{key}");
+        assert!(r.get::<_, bool>(2), "{key}");
+    }
+    // Text serde_json lets through and jsonb refuses is bad input, as it was when
+    // serde_json parsed the payload: exit 2, naming the payload, not quoting it.
+    for (what, payload) in [
+        (
+            "lone surrogate",
+            r#"{"url": "https://example.com/h", "body": "s3cret\ud800"}"#,
+        ),
+        (
+            "number beyond numeric",
+            r#"{"url": "https://example.com/h", "body": 1e999999}"#,
+        ),
+    ] {
+        let out = run(outboxd(Some(&url)).args([
+            "enqueue",
+            "--key",
+            "order-9:paid",
+            "--channel",
+            "webhook",
+            "--payload",
+            payload,
+        ]));
+        assert_usage_error(what, &out, "payload");
+        assert!(!out.stderr.contains("s3cret"), "{what}: {:?}", out.stderr);
+    }
+    assert_eq!(count(&db).await, 2);
+}
