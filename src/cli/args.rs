@@ -91,16 +91,23 @@ pub struct ConsoleArgs {
 }
 
 /// Filters shared by `dead` and `replay --all-dead`.
+///
+/// They have no `OUTBOXD_*` variable: clap takes a variable's value as if it were typed,
+/// so `OUTBOXD_CHANNEL`, exported for `enqueue --channel`, silently filtered `dead`, and
+/// made `replay <id>` a usage error. What an operator command acts on is what its command
+/// line says.
 #[derive(Debug, Args)]
 pub struct DeadFilterArgs {
-    /// Only this channel (webhook or email).
-    #[arg(long, env = "OUTBOXD_CHANNEL", value_parser = parse_channel)]
+    /// Only this channel (webhook or email; command line only, OUTBOXD_CHANNEL is
+    /// enqueue's).
+    #[arg(long, value_parser = parse_channel)]
     pub channel: Option<Channel>,
-    /// Only this error class (transient, ambiguous, permanent, invalid, exhausted).
-    #[arg(long, env = "OUTBOXD_ERROR_CLASS", value_parser = parse_error_class)]
+    /// Only this error class (transient, ambiguous, permanent, invalid, exhausted; command
+    /// line only).
+    #[arg(long, value_parser = parse_error_class)]
     pub error_class: Option<ErrorClass>,
-    /// Only those that died within this long (e.g. 1h).
-    #[arg(long, env = "OUTBOXD_SINCE", value_parser = parse_duration, value_name = "DURATION")]
+    /// Only those that died within this long (e.g. 1h; command line only).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub since: Option<Duration>,
 }
 
@@ -149,8 +156,10 @@ pub struct ReplayArgs {
         conflicts_with = "all_dead"
     )]
     pub targets: Vec<String>,
-    /// Replay every dead letter matching the filters.
-    #[arg(long, env = "OUTBOXD_ALL_DEAD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    /// Replay every dead letter matching the filters (command line only).
+    // No variable: `OUTBOXD_ALL_DEAD=true` turned a bare `replay` into a replay of every
+    // dead letter, and any value of it made `replay <id>` a usage error.
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub all_dead: bool,
     #[command(flatten)]
     #[allow(missing_docs)]
@@ -160,14 +169,16 @@ pub struct ReplayArgs {
     pub dry_run: bool,
 }
 
-/// `outboxd held`.
+/// `outboxd held`. Its filters, like `dead`'s ([`DeadFilterArgs`] says why), have no
+/// `OUTBOXD_*` variable.
 #[derive(Debug, Args)]
 pub struct HeldArgs {
-    /// Only this channel (webhook or email).
-    #[arg(long, env = "OUTBOXD_CHANNEL", value_parser = parse_channel)]
+    /// Only this channel (webhook or email; command line only, OUTBOXD_CHANNEL is
+    /// enqueue's).
+    #[arg(long, value_parser = parse_channel)]
     pub channel: Option<Channel>,
-    /// Only those enqueued within this long (e.g. 1h).
-    #[arg(long, env = "OUTBOXD_SINCE", value_parser = parse_duration, value_name = "DURATION")]
+    /// Only those enqueued within this long (e.g. 1h; command line only).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub since: Option<Duration>,
     /// Most rows to list.
     #[arg(long, env = "OUTBOXD_LIMIT", default_value_t = 50)]

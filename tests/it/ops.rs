@@ -772,3 +772,67 @@ async fn replay_all_dead_waits_for_a_concurrent_cancel_and_leaves_its_row_out() 
         assert_eq!(row(&db, k).await.state, "pending");
     }
 }
+
+/// Variables exported for one command must not change what another selects. clap takes a
+/// value from the environment as given on the command line, so `OUTBOXD_CHANNEL=webhook`
+/// (what `enqueue --channel` reads) made `outboxd replay <id>` a usage error ("--channel …
+/// go with --all-dead"), `OUTBOXD_ALL_DEAD=false` did the same, `OUTBOXD_ALL_DEAD=true` made
+/// a bare `outboxd replay` replay every dead letter, and `OUTBOXD_CHANNEL=email` hid
+/// webhook dead letters from `outboxd dead`. The selection flags of `dead`, `replay` and
+/// `held` are read from the command line only.
+#[tokio::test]
+async fn selection_flags_of_operator_commands_ignore_the_environment() {
+    let db = TestDb::new().await;
+    for k in ["env:1", "env:2", "env:held"] {
+        enqueue_webhook(&db, k, "https://example.com/h", 3, true).await;
+    }
+    kill(&db, "env:1", "exhausted", "3 hours").await;
+    kill(&db, "env:2", "permanent", "3 hours").await;
+    db.client()
+        .await
+        .batch_execute("UPDATE outbox.messages SET state = 'held' WHERE message_key = 'env:held'")
+        .await
+        .unwrap();
+    let with_env = |vars: &[(&str, &str)], args: &[&str]| {
+        let out = common::binary::run(
+            common::binary::outboxd(Some(&db.url()))
+                .envs(vars.iter().copied())
+                .args(args),
+        );
+        (out.code.unwrap_or(-1), out.stdout, out.stderr)
+    };
+    let filters = [
+        ("OUTBOXD_CHANNEL", "email"),
+        ("OUTBOXD_ERROR_CLASS", "invalid"),
+        ("OUTBOXD_SINCE", "1m"),
+    ];
+
+    // Listing: the variables do not filter.
+    let (code, out, err) = with_env(&filters, &["dead"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("env:1") && out.contains("env:2"), "{out}");
+    let (code, out, err) = with_env(&filters, &["held"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("env:held"), "{out}");
+
+    // A named replay with the enqueue's channel exported, and with OUTBOXD_ALL_DEAD=false.
+    let id1 = row(&db, "env:1").await.id.to_string();
+    let (code, out, err) = with_env(&[("OUTBOXD_CHANNEL", "webhook")], &["replay", &id1]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("replayed 1"), "{out}");
+    assert_eq!(row(&db, "env:1").await.state, "pending");
+    let (code, out, err) = with_env(&[("OUTBOXD_ALL_DEAD", "false")], &["replay", "env:2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("replayed 1"), "{out}");
+    assert_eq!(row(&db, "env:2").await.state, "pending");
+
+    // OUTBOXD_ALL_DEAD=true does not turn a bare `replay` into a replay of everything.
+    kill(&db, "env:1", "exhausted", "3 hours").await;
+    let (code, _, err) = with_env(&[("OUTBOXD_ALL_DEAD", "true")], &["replay"]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(row(&db, "env:1").await.state, "dead");
+    // And --all-dead takes every dead letter, whatever the filters' variables say.
+    let (code, out, err) = with_env(&filters, &["replay", "--all-dead", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("env:1"), "{out}");
+}
