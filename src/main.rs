@@ -90,7 +90,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", outboxd::deliver::one_line(&format!("{e:#}")));
+            eprintln!("error: {}", e.line());
             ExitCode::from(e.exit_code())
         }
     }

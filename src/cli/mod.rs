@@ -141,6 +141,18 @@ pub enum CliError {
 }
 
 impl CliError {
+    /// The one line printed after `error: `. A refusal is printed whole: it names every
+    /// row refused (the contract), and cut to 500 characters, as other errors are
+    /// ([`crate::deliver::one_line`]), ten 100-character keys named three. It is escaped
+    /// all the same ([`crate::text::escape`]: a key's control characters, a newline
+    /// included, are visible escapes), so it stays one line of inert text.
+    pub fn line(&self) -> String {
+        match self {
+            CliError::Refused(m) => crate::text::escape(m.trim_end()).into_owned(),
+            other => crate::deliver::one_line(&format!("{other:#}")),
+        }
+    }
+
     /// The process exit code.
     pub fn exit_code(&self) -> u8 {
         match self {
@@ -227,4 +239,22 @@ pub(super) fn json_out<T: serde::Serialize>(value: &T) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(value).map_err(|e| runtime("cannot encode JSON", e))?;
     out!("{text}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_printed_whole_on_one_line_and_other_errors_are_cut() {
+        let long = format!("not dead: {}\nerror: forged", "k".repeat(2000));
+        let line = CliError::Refused(long.clone()).line();
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.ends_with("\\nerror: forged"), "{line}");
+        let line = CliError::Runtime(anyhow::anyhow!(long)).line();
+        assert!(
+            !line.contains('\n') && line.chars().count() <= 500,
+            "{line}"
+        );
+    }
 }

@@ -441,6 +441,30 @@ async fn cancel_refuses_running_and_delivered_and_is_all_or_nothing() {
     assert_eq!(row(&db, "r:held").await.state, "held");
 }
 
+/// A refusal names every refused row (the contract), however long the line: cut to 500
+/// characters like other errors, it named three of ten 100-character keys.
+#[tokio::test]
+async fn a_refusal_names_every_refused_row() {
+    let db = TestDb::new().await;
+    let keys: Vec<String> = (0..10)
+        .map(|i| format!("{i:02}-{}", "k".repeat(97)))
+        .collect();
+    for k in &keys {
+        enqueue_webhook(&db, k, "https://example.com/h", 3, true).await;
+        make_running(&db, k).await;
+    }
+    let before = snapshot(&db).await;
+    for verb in ["cancel", "approve", "confirm", "replay"] {
+        let mut args = vec![verb];
+        args.extend(keys.iter().map(String::as_str));
+        let out = cli(&db, &args).await;
+        let mut mentions: Vec<&str> = keys.iter().map(String::as_str).collect();
+        mentions.push("running");
+        assert_refused(verb, &out, 1, &mentions);
+    }
+    assert_eq!(snapshot(&db).await, before, "nothing changed");
+}
+
 #[tokio::test]
 async fn confirm_takes_only_dead_ambiguous_rows() {
     let db = TestDb::new().await;
