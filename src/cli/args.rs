@@ -290,7 +290,9 @@ pub struct RunArgs {
     )]
     pub host_concurrency: usize,
     /// Requests per second or minute to a host: host=N/s|N/m, comma-separated
-    /// (hooks.slack.com=1/s,api.example.com=600/m).
+    /// (hooks.slack.com=1/s,api.example.com=600/m). A host alone applies on every port,
+    /// host:PORT on that port only; ports 80 and 443 are refused (destinations leave the
+    /// default port out: write the host alone), a trailing dot is dropped.
     #[arg(long, env = "OUTBOXD_WEBHOOK_RATE_LIMITS", value_name = "LIST")]
     pub webhook_rate_limits: Option<String>,
     /// Exit once no message of this worker's channels is pending or running.

@@ -53,7 +53,9 @@ pub struct RateLimits(pub Vec<(String, Rate)>);
 impl RateLimits {
     /// Parses `host=N/s|N/m`, comma-separated (`hooks.slack.com=1/s,api.example.com=600/m`).
     /// Empty entries are skipped; a bad or repeated entry is an error naming it (escaped:
-    /// it is the operator's text, not a secret).
+    /// it is the operator's text, not a secret). Hosts are written as destinations name
+    /// them: lower case, a name's trailing dots dropped; port 80 or 443, which
+    /// destinations leave out, is refused (write the host alone).
     pub fn parse(value: &str) -> Result<RateLimits, ConfigError> {
         let mut out: Vec<(String, Rate)> = Vec::new();
         for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
@@ -64,7 +66,7 @@ impl RateLimits {
                 ))
             };
             let (host, rate) = entry.split_once('=').ok_or_else(|| bad("no ="))?;
-            let host = host.trim().to_ascii_lowercase();
+            let host = canonical(&host.trim().to_ascii_lowercase());
             check_host(&host).map_err(&bad)?;
             let (count, unit) = rate.trim().split_once('/').ok_or_else(|| bad("no /"))?;
             let per = match unit.trim() {
@@ -76,6 +78,24 @@ impl RateLimits {
                 Ok(n) if (1..=1_000_000).contains(&n) => n,
                 _ => return Err(bad("the count must be a whole number from 1 to 1000000")),
             };
+            // An entry is matched exactly against a destination, and destination_of
+            // leaves out the URL's default port (https://h:443 is `h`): `h:443` would
+            // never apply to https. Which scheme a port is meant for cannot be told here,
+            // so the entry is refused with the way to write it rather than rewritten.
+            let name = host_part(&host);
+            if let Some(port) = host[name.len()..].strip_prefix(':') {
+                let scheme = match port {
+                    "443" => Some("https"),
+                    "80" => Some("http"),
+                    _ => None,
+                };
+                if let Some(scheme) = scheme {
+                    return Err(bad(&format!(
+                        "port {port} is {scheme}'s default, which destinations leave out, so the entry would never apply: write {name}={} (an entry without a port applies on every port of its host)",
+                        rate.trim()
+                    )));
+                }
+            }
             if out.iter().any(|(h, _)| *h == host) {
                 return Err(bad("this host is already limited by an earlier entry"));
             }
@@ -97,6 +117,17 @@ impl RateLimits {
         })?;
         Some((index, self.0[index].1))
     }
+}
+
+/// `host` (lower case, with an optional port) as `outbox.destination_of` writes a host: a
+/// name without its trailing dots (`example.com.` is `example.com`, which destination_of
+/// and `claim::destination_of_url` write for both), an IPv6 literal and the port as given.
+fn canonical(host: &str) -> String {
+    let name = host_part(host);
+    if name.starts_with('[') {
+        return host.to_owned();
+    }
+    format!("{}{}", name.trim_end_matches('.'), &host[name.len()..])
 }
 
 /// `host` of `host:port` (an IPv6 literal keeps its brackets).
@@ -200,6 +231,45 @@ mod tests {
         let long = format!("{}=1/s", "a".repeat(5000));
         let e = RateLimits::parse(&long).unwrap_err().0;
         assert!(e.len() < 400, "{}", e.len());
+    }
+
+    /// An entry is matched exactly against what `outbox.destination_of` (and its Rust twin,
+    /// `claim::destination_of_url`) names, so an entry written another way for the same
+    /// host never applied. A trailing dot is dropped as destination_of drops it; a default
+    /// port, which destination_of drops only for its own scheme, is refused with the way
+    /// to write it.
+    #[test]
+    fn entries_are_written_as_destinations_name_them() {
+        let l = RateLimits::parse("Example.COM.=1/s,b.example.:8443=2/s").unwrap();
+        let hosts: Vec<&str> = l.0.iter().map(|(h, _)| h.as_str()).collect();
+        assert_eq!(hosts, ["example.com", "b.example:8443"]);
+        for (url, index) in [
+            ("https://example.com./hook", Some(0)),
+            ("https://EXAMPLE.com:443/hook", Some(0)),
+            ("http://example.com:80/hook", Some(0)),
+            ("https://example.com:8443/hook", Some(0)),
+            ("https://b.example.:8443/hook", Some(1)),
+            ("https://b.example/hook", None),
+        ] {
+            let destination = crate::claim::destination_of_url(url).unwrap();
+            assert_eq!(
+                l.for_destination(&destination).map(|x| x.0),
+                index,
+                "{url} ({destination})"
+            );
+        }
+        for (bad, says) in [
+            ("api.example.com:443=10/s", "write api.example.com=10/s"),
+            ("api.example.com:80=10/s", "write api.example.com=10/s"),
+            ("API.example.com.:443=10/s", "write api.example.com=10/s"),
+            ("[::1]:443=1/s", "write [::1]=1/s"),
+            ("example.com.=1/s,example.com=2/s", "already"),
+            ("...=1/s", "host"),
+        ] {
+            let e = RateLimits::parse(bad).unwrap_err().0;
+            assert!(e.contains(says), "{bad:?}: {e}");
+            assert!(!e.contains('\n'), "{e:?}");
+        }
     }
 
     #[test]

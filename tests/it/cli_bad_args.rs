@@ -251,6 +251,12 @@ fn bad_arguments_exit_2_with_one_line_before_any_connection() {
             "b.example=0/m",
         ),
         (
+            // Destinations leave out the default port: the entry would never apply.
+            "run: rate limit on https's default port",
+            vec!["run", "--webhook-rate-limits", "api.example.com:443=10/s"],
+            "write api.example.com=10/s",
+        ),
+        (
             "run: rate limit with a control character",
             vec!["run", "--webhook-rate-limits", "a\u{1b}[2J.example=1/s"],
             "OUTBOXD_WEBHOOK_RATE_LIMITS",
