@@ -320,8 +320,8 @@ pub struct EnqueueArgs {
     /// `webhook` or `email`.
     #[arg(long, env = "OUTBOXD_CHANNEL")]
     pub channel: String,
-    /// The payload: JSON text, or `@FILE` to read it from a file; stored as written
-    /// (numbers keep every digit, as from SQL).
+    /// The payload: JSON text, or `@FILE` to read it from a file (at most 1 MiB); stored
+    /// as written (numbers keep every digit, as from SQL).
     #[arg(long, env = "OUTBOXD_PAYLOAD", hide_env_values = true)]
     pub payload: String,
     /// Not before this time (RFC 3339, e.g. 2026-12-24T18:00:00Z).

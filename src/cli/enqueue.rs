@@ -16,8 +16,7 @@ pub(super) async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError
         ))
     })?;
     let text = match args.payload.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(PathBuf::from(path))
-            .map_err(|e| ConfigError(format!("--payload: cannot read {path}: {e}")))?,
+        Some(path) => read_payload_file(path)?,
         None => args.payload.clone(),
     };
     // Checked to be JSON here, and then sent as written (`enqueue_json_text` says why): a
@@ -49,4 +48,27 @@ pub(super) async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError
         Err(EnqueueError::Invalid { message, .. }) => Err(CliError::Usage(ConfigError(message))),
         Err(EnqueueError::Database(e)) => Err(db_failed("enqueue failed", &e)),
     }
+}
+
+/// The most `--payload @FILE` reads: the payload limit (`outbox.validate`: 1 MiB of JSON).
+const MAX_PAYLOAD_FILE: u64 = 1024 * 1024;
+
+/// The text of `--payload @FILE`. At most [`MAX_PAYLOAD_FILE`] bytes and one more are read,
+/// so a larger file is refused without being read whole: `@/dev/zero` would otherwise
+/// grow the buffer until memory ran out, before any size check.
+fn read_payload_file(path: &str) -> Result<String, ConfigError> {
+    use std::io::Read as _;
+    let cannot = |e: std::io::Error| ConfigError(format!("--payload: cannot read {path}: {e}"));
+    let file = std::fs::File::open(PathBuf::from(path)).map_err(cannot)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PAYLOAD_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot)?;
+    if bytes.len() as u64 > MAX_PAYLOAD_FILE {
+        return Err(ConfigError(format!(
+            "--payload: {path} is larger than 1 MiB, the most a payload may be"
+        )));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| ConfigError(format!("--payload: {path} is not UTF-8 text")))
 }

@@ -577,3 +577,31 @@ async fn enqueue_sends_the_payload_text_unchanged() {
     }
     assert_eq!(count(&db).await, 2);
 }
+
+/// `--payload @FILE` reads at most the payload limit (1 MiB) and one byte more: the whole
+/// file was read before any size check, so `@/dev/zero` grew until memory ran out. The
+/// child runs under a 2 GiB address-space limit (`ulimit -v`), so that a regression fails
+/// this test instead of exhausting a shared machine's memory.
+#[test]
+fn a_payload_file_over_1_mib_is_refused_without_reading_it_all() {
+    let big = std::env::temp_dir().join(format!("outboxd-{}-big.json", std::process::id()));
+    // Valid JSON of 1 MiB + 1 byte: refused for its size, not its content.
+    let (head, tail) = (r#"{"url": "https://example.com/h", "pad": ""#, r#""}"#);
+    let pad = "x".repeat(1024 * 1024 + 1 - head.len() - tail.len());
+    let text = format!("{head}{pad}{tail}");
+    assert_eq!(text.len(), 1024 * 1024 + 1);
+    std::fs::write(&big, &text).unwrap();
+    for file in ["/dev/zero".to_owned(), big.display().to_string()] {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("DATABASE_URL", UNREACHABLE_URL)
+            .args(["-c", "ulimit -v 2097152 && exec \"$@\"", "sh"])
+            .arg(env!("CARGO_BIN_EXE_outboxd"))
+            .args(["enqueue", "--key", "k", "--channel", "webhook", "--payload"])
+            .arg(format!("@{file}"));
+        let out = common::binary::run_within(&mut cmd, std::time::Duration::from_secs(10));
+        assert_usage_error(&file, &out, "larger than 1 MiB");
+    }
+    let _ = std::fs::remove_file(&big);
+}
