@@ -2,7 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
 use clap::error::ErrorKind;
 use outboxd::cli::{Cli, Command, Env};
 use outboxd::telemetry::{self, Traces};
@@ -13,8 +12,22 @@ use outboxd::telemetry::{self, Traces};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The command line, parsed, with what only clap's matches know (where a value came from)
+/// noted on the arguments that need it.
+fn parse() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let matches = Cli::command().try_get_matches()?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    if let (outboxd::cli::Command::Replay(args), Some(("replay", sub))) =
+        (&mut cli.command, matches.subcommand())
+    {
+        args.note_sources(sub);
+    }
+    Ok(cli)
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(e) => {
             return match e.kind() {

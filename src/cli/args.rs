@@ -91,23 +91,16 @@ pub struct ConsoleArgs {
 }
 
 /// Filters shared by `dead` and `replay --all-dead`.
-///
-/// They have no `OUTBOXD_*` variable: clap takes a variable's value as if it were typed,
-/// so `OUTBOXD_CHANNEL`, exported for `enqueue --channel`, silently filtered `dead`, and
-/// made `replay <id>` a usage error. What an operator command acts on is what its command
-/// line says.
 #[derive(Debug, Args)]
 pub struct DeadFilterArgs {
-    /// Only this channel (webhook or email; command line only, OUTBOXD_CHANNEL is
-    /// enqueue's).
-    #[arg(long, value_parser = parse_channel)]
+    /// Only this channel (webhook or email).
+    #[arg(long, env = "OUTBOXD_CHANNEL", value_parser = parse_channel)]
     pub channel: Option<Channel>,
-    /// Only this error class (transient, ambiguous, permanent, invalid, exhausted; command
-    /// line only).
-    #[arg(long, value_parser = parse_error_class)]
+    /// Only this error class (transient, ambiguous, permanent, invalid, exhausted).
+    #[arg(long, env = "OUTBOXD_ERROR_CLASS", value_parser = parse_error_class)]
     pub error_class: Option<ErrorClass>,
-    /// Only those that died within this long (e.g. 1h; command line only).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// Only those that died within this long (e.g. 1h).
+    #[arg(long, env = "OUTBOXD_SINCE", value_parser = parse_duration, value_name = "DURATION")]
     pub since: Option<Duration>,
 }
 
@@ -150,16 +143,13 @@ pub struct ShowArgs {
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
     /// Message ids (digits only) or keys.
-    #[arg(
-        value_name = "ID|KEY",
-        required_unless_present = "all_dead",
-        conflicts_with = "all_dead"
-    )]
+    // Not clap's `conflicts_with = "all_dead"`: clap counts a flag's value taken from its
+    // variable as given, so an exported `OUTBOXD_ALL_DEAD` (even `false`) made every
+    // `replay ID` a usage error. `cli::ops::replay` checks, knowing where each came from.
+    #[arg(value_name = "ID|KEY")]
     pub targets: Vec<String>,
-    /// Replay every dead letter matching the filters (command line only).
-    // No variable: `OUTBOXD_ALL_DEAD=true` turned a bare `replay` into a replay of every
-    // dead letter, and any value of it made `replay <id>` a usage error.
-    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    /// Replay every dead letter matching the filters.
+    #[arg(long, env = "OUTBOXD_ALL_DEAD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub all_dead: bool,
     #[command(flatten)]
     #[allow(missing_docs)]
@@ -167,18 +157,44 @@ pub struct ReplayArgs {
     /// Say what would be replayed, change nothing.
     #[arg(long, env = "OUTBOXD_DRY_RUN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub dry_run: bool,
+    /// Which of the selection's flags were typed on the command line, not taken from
+    /// their variables ([`ReplayArgs::note_sources`]).
+    #[arg(skip)]
+    pub typed: TypedSelection,
 }
 
-/// `outboxd held`. Its filters, like `dead`'s ([`DeadFilterArgs`] says why), have no
-/// `OUTBOXD_*` variable.
+/// Which of `replay`'s selection flags came from the command line.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TypedSelection {
+    /// `--all-dead`.
+    pub all_dead: bool,
+    /// Any of `--channel`, `--error-class`, `--since`.
+    pub filter: bool,
+}
+
+impl ReplayArgs {
+    /// Notes which selection flags `matches` (this subcommand's) got from the command
+    /// line. The contract has every flag read its `OUTBOXD_*` variable too, and the command
+    /// line beats the variable: a variable exported for another command (`OUTBOXD_CHANNEL`
+    /// for `enqueue --channel`) must not turn `replay ID` into a usage error.
+    pub fn note_sources(&mut self, matches: &clap::ArgMatches) {
+        let typed =
+            |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+        self.typed = TypedSelection {
+            all_dead: typed("all_dead"),
+            filter: typed("channel") || typed("error_class") || typed("since"),
+        };
+    }
+}
+
+/// `outboxd held`.
 #[derive(Debug, Args)]
 pub struct HeldArgs {
-    /// Only this channel (webhook or email; command line only, OUTBOXD_CHANNEL is
-    /// enqueue's).
-    #[arg(long, value_parser = parse_channel)]
+    /// Only this channel (webhook or email).
+    #[arg(long, env = "OUTBOXD_CHANNEL", value_parser = parse_channel)]
     pub channel: Option<Channel>,
-    /// Only those enqueued within this long (e.g. 1h; command line only).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// Only those enqueued within this long (e.g. 1h).
+    #[arg(long, env = "OUTBOXD_SINCE", value_parser = parse_duration, value_name = "DURATION")]
     pub since: Option<Duration>,
     /// Most rows to list.
     #[arg(long, env = "OUTBOXD_LIMIT", default_value_t = 50)]

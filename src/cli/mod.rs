@@ -5,10 +5,7 @@
 //! `run`, `enqueue` in its namesake, the operator commands in `ops`; settings are assembled
 //! and validated by [`crate::config::assemble`], which this module feeds.
 //!
-//! Flags also read `OUTBOXD_<FLAG>` (a flag beats the variable), except the selection
-//! flags of `dead`, `held` and `replay` (`--channel`, `--error-class`, `--since`,
-//! `--all-dead`): a variable exported for another command must not change what an
-//! operator command acts on (`args::DeadFilterArgs`). A variable that is set to
+//! Flags also read `OUTBOXD_<FLAG>` (a flag beats the variable). A variable that is set to
 //! bytes that are not UTF-8 is bad configuration, named, never read as unset. Exit codes:
 //! 0 success, 2 bad usage or configuration (one line on stderr), 1 a runtime failure or a
 //! refusal.

@@ -225,13 +225,24 @@ fn print_history(history: &[AttemptRecord]) {
 }
 
 pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> {
-    let selection = if args.all_dead {
+    // Named messages are typed; a selection flag taken from its variable yields to them
+    // (the command line beats the variable), one typed beside them is a usage error.
+    let selection = if args.targets.is_empty() {
+        if !args.all_dead {
+            return Err(ConfigError(
+                "name the messages to replay (ID|KEY …) or give --all-dead".into(),
+            )
+            .into());
+        }
         ReplaySelection::AllDead(args.filter.filter())
     } else {
-        if args.filter.channel.is_some()
-            || args.filter.error_class.is_some()
-            || args.filter.since.is_some()
-        {
+        if args.typed.all_dead {
+            return Err(ConfigError(
+                "name the messages to replay (ID|KEY …) or give --all-dead, not both".into(),
+            )
+            .into());
+        }
+        if args.typed.filter {
             return Err(ConfigError(
                 "--channel, --error-class and --since go with --all-dead".into(),
             )
