@@ -32,8 +32,15 @@ fn main() -> ExitCode {
         Err(e) => {
             return match e.kind() {
                 ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    // Named from the parser itself, so that the list cannot fall behind.
+                    use clap::CommandFactory as _;
+                    let names: Vec<String> = Cli::command()
+                        .get_subcommands()
+                        .map(|c| c.get_name().to_owned())
+                        .collect();
                     eprintln!(
-                        "error: a subcommand is required (migrate, run, enqueue, status, dead, show, replay, purge; see outboxd --help)"
+                        "error: a subcommand is required ({}; see outboxd --help)",
+                        names.join(", ")
                     );
                     ExitCode::from(2)
                 }

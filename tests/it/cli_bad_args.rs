@@ -563,6 +563,12 @@ fn bad_arguments_exit_2_with_one_line_before_any_connection() {
         ),
         // no or unknown subcommand
         ("no subcommand, a flag", vec!["--json"], "--json"),
+        // Every subcommand named, the newest included.
+        (
+            "no subcommand",
+            vec![],
+            "held, approve, cancel, confirm, purge, console, destinations",
+        ),
         ("unknown subcommand", vec!["drain"], "drain"),
     ];
     assert_usage_errors(UNREACHABLE_URL, &cases);
