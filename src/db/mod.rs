@@ -75,6 +75,15 @@ pub fn parse_url(url: &str) -> Result<Database, ConfigError> {
     let mut cfg = tokio_postgres::Config::from_str(&rest)
         .map_err(|e| ConfigError(format!("DATABASE_URL is not a valid PostgreSQL URL: {e}")))?;
     cfg.ssl_mode(wire);
+    // A list tokio-postgres would refuse only when it connects: a bad setting (exit 2).
+    if hosts(&cfg).is_none() {
+        return Err(ConfigError(format!(
+            "DATABASE_URL: {} hosts, {} hostaddrs and {} ports do not match (hostaddr, when given, needs one per host; port, one for all or one per host)",
+            cfg.get_hosts().len(),
+            cfg.get_hostaddrs().len(),
+            cfg.get_ports().len()
+        )));
+    }
     if cfg.get_application_name().is_none() {
         cfg.application_name("outboxd");
     }

@@ -647,6 +647,9 @@ fn a_malformed_database_url_exits_2_for_every_command_that_connects() {
         "postgres://postgres@127.0.0.1:notaport/db",
         "mysql://root@127.0.0.1/db",
         "postgres://[::1/db",
+        // Lists whose counts do not match: a bad setting, not a failed connection.
+        "host=a,b hostaddr=10.0.0.1 user=postgres",
+        "host=h1,h2,h3 port=1,2 user=postgres",
     ] {
         for args in connecting_commands() {
             let out = run(outboxd(Some(url)).args(&args));
