@@ -59,7 +59,7 @@ pub struct DestinationsArgs {
     pub json: bool,
     /// Close this destination's circuit by hand (`host` or `host:port`, as listed); its
     /// held-back messages are due again at once.
-    #[arg(long, value_name = "HOST", value_parser = parse_destination)]
+    #[arg(long, env = "OUTBOXD_CLOSE", value_name = "HOST", value_parser = parse_destination)]
     pub close: Option<String>,
 }
 
@@ -385,4 +385,29 @@ fn parse_rfc3339(s: &str) -> Result<SystemTime, String> {
     time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
         .map(SystemTime::from)
         .map_err(|e| format!("not an RFC 3339 time ({e}); e.g. 2026-12-24T18:00:00Z"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    /// The contract: "Each flag also reads `OUTBOXD_<FLAG>`: upper case, hyphens as
+    /// underscores". Every long flag of every subcommand, so that a new one cannot forget.
+    #[test]
+    fn every_flag_reads_its_variable() {
+        let cli = super::Cli::command();
+        let mut missing = Vec::new();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let Some(long) = arg.get_long() else {
+                    continue;
+                };
+                let want = format!("OUTBOXD_{}", long.to_uppercase().replace('-', "_"));
+                if arg.get_env().and_then(|e| e.to_str()) != Some(want.as_str()) {
+                    missing.push(format!("{} --{long}: want {want}", sub.get_name()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "{missing:#?}");
+    }
 }

@@ -139,7 +139,7 @@ pub enum CliError {
 
 impl CliError {
     /// The one line printed after `error: `. A refusal is printed whole: it names every
-    /// row refused (the contract), and cut to 500 characters, as other errors are
+    /// row refused (the contract), where cut to 500 characters, as other errors are
     /// ([`crate::deliver::one_line`]), ten 100-character keys named three. It is escaped
     /// all the same ([`crate::text::escape`]: a key's control characters, a newline
     /// included, are visible escapes), so it stays one line of inert text.

@@ -91,7 +91,7 @@ impl RateLimits {
                 };
                 if let Some(scheme) = scheme {
                     return Err(bad(&format!(
-                        "port {port} is {scheme}'s default, which destinations leave out, so the entry would never apply: write {name}={} (an entry without a port applies on every port of its host)",
+                        "port {port} is {scheme}'s default, which destinations leave out, so the entry would miss the {scheme} URLs it is written for: write {name}={} (an entry without a port applies on every port of its host)",
                         rate.trim()
                     )));
                 }
