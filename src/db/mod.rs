@@ -4,6 +4,8 @@
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -26,7 +28,13 @@ pub use tls::SslMode;
 pub struct Database {
     config: tokio_postgres::Config,
     tls: MakeRustlsConnect,
+    /// The host of the list that took the last connection ([`open`]), shared by every
+    /// connection made from these settings.
+    last_good: LastGood,
 }
+
+/// Which host of the list took the last connection: its position plus one, 0 for none.
+type LastGood = Arc<AtomicUsize>;
 
 impl Database {
     /// The connection settings (host, user, …, and whether TLS is asked for).
@@ -63,7 +71,11 @@ impl Database {
             ..tls::TlsOptions::default()
         };
         let (tls, _) = tls::connector(&opts)?;
-        Ok(Database { config, tls })
+        Ok(Database {
+            config,
+            tls,
+            last_good: LastGood::default(),
+        })
     }
 }
 
@@ -99,7 +111,11 @@ pub fn parse_url(url: &str) -> Result<Database, ConfigError> {
     cfg.keepalives_interval(Duration::from_secs(10));
     cfg.keepalives_retries(3);
     cfg.tcp_user_timeout(Duration::from_secs(30));
-    Ok(Database { config: cfg, tls })
+    Ok(Database {
+        config: cfg,
+        tls,
+        last_good: LastGood::default(),
+    })
 }
 
 /// A pool of `size` connections. Broken connections (a database restart) are dropped on
@@ -120,6 +136,7 @@ pub fn pool_with_setup(
         db.config.clone(),
         EachHost {
             tls: db.tls.clone(),
+            last_good: db.last_good.clone(),
         },
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
@@ -174,6 +191,7 @@ pub async fn connect(db: &Database) -> Result<Client, tokio_postgres::Error> {
 /// The pools' way to connect: [`open`].
 struct EachHost {
     tls: MakeRustlsConnect,
+    last_good: LastGood,
 }
 
 impl deadpool_postgres::Connect for EachHost {
@@ -189,7 +207,7 @@ impl deadpool_postgres::Connect for EachHost {
     > {
         let config = config.clone();
         Box::pin(async move {
-            let (client, connection) = open_with(&config, &self.tls).await?;
+            let (client, connection) = open_with(&config, &self.tls, &self.last_good).await?;
             let driver = tokio::spawn(async move {
                 if let Err(e) = connection.await {
                     tracing::debug!(error = %e, "database connection closed");
@@ -215,18 +233,36 @@ pub type Connection = tokio_postgres::Connection<
 /// dead one) held the connection forever, and the hosts after it were never tried, which
 /// is the failover a list of hosts is for. So the list is walked here, one host and
 /// address at a time, each given to tokio-postgres alone under the timeout.
+///
+/// With `target_session_attrs=read-write` the host that took the last connection is tried
+/// first: after a failover every new connection would otherwise wait out the timeout of
+/// each dead host before it (10 s each by default), and the worker's own bound on a
+/// statement (30 s) could cut the walk short before it reached the live one. Any host that
+/// takes writes will do there, and one that has turned read-only is refused by the check
+/// and the list is walked in order. Without it the list's order is a preference, and kept.
 pub async fn open(db: &Database) -> Result<(Client, Connection), tokio_postgres::Error> {
-    open_with(&db.config, &db.tls).await
+    open_with(&db.config, &db.tls, &db.last_good).await
 }
 
 async fn open_with(
     config: &tokio_postgres::Config,
     tls: &MakeRustlsConnect,
+    last_good: &AtomicUsize,
 ) -> Result<(Client, Connection), tokio_postgres::Error> {
-    let (Some(limit), Some(list)) = (config.get_connect_timeout().copied(), hosts(config)) else {
+    let (Some(limit), Some(mut list)) = (config.get_connect_timeout().copied(), hosts(config))
+    else {
         // No timeout to give each host, or a list tokio-postgres refuses (it says why).
         return config.connect(tls.clone()).await;
     };
+    let sticky = config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite
+        && config.get_load_balance_hosts() != LoadBalanceHosts::Random;
+    if sticky {
+        let good = last_good.load(Ordering::Relaxed);
+        if let Some(at) = list.iter().position(|t| t.0 + 1 == good) {
+            let entry = list.remove(at);
+            list.insert(0, entry);
+        }
+    }
     let mut last = None;
     let attempt = |target: tokio_postgres::Config| async move {
         match tokio::time::timeout(limit, target.connect(tls.clone())).await {
@@ -236,7 +272,7 @@ async fn open_with(
             Err(_) => Err(tokio_postgres::Error::__private_api_timeout()),
         }
     };
-    for (host, addr, port) in list {
+    for (index, host, addr, port) in list {
         // A name is resolved only when its turn comes, within the timeout, so that each of
         // its addresses gets a timeout of its own; one that does not resolve is left to
         // tokio-postgres to report.
@@ -260,7 +296,12 @@ async fn open_with(
         };
         for addr in addrs {
             match attempt(single(config, host, addr, port)).await {
-                Ok(connected) => return Ok(connected),
+                Ok(connected) => {
+                    if sticky {
+                        last_good.store(index + 1, Ordering::Relaxed);
+                    }
+                    return Ok(connected);
+                }
                 Err(e) => last = Some(e),
             }
         }
@@ -272,8 +313,8 @@ async fn open_with(
     }
 }
 
-/// One entry of a host list: the host, its `hostaddr`, its port.
-type Target<'a> = (Option<&'a Host>, Option<IpAddr>, u16);
+/// One entry of a host list: its position in the list, the host, its `hostaddr`, its port.
+type Target<'a> = (usize, Option<&'a Host>, Option<IpAddr>, u16);
 
 /// `config`'s hosts in the order to try them (libpq's, or shuffled with
 /// `load_balance_hosts=random`): each host, its address when `hostaddr` gives one, and its
@@ -291,7 +332,7 @@ fn hosts(config: &tokio_postgres::Config) -> Option<Vec<Target<'_>>> {
     let mut list: Vec<_> = (0..n)
         .map(|i| {
             let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-            (hosts.get(i), addrs.get(i).copied(), port)
+            (i, hosts.get(i), addrs.get(i).copied(), port)
         })
         .collect();
     if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
@@ -520,7 +561,7 @@ mod tests {
         let seen: Vec<String> = hosts(&c)
             .unwrap()
             .iter()
-            .map(|(h, a, p)| format!("{h:?} {a:?} {p}"))
+            .map(|(_, h, a, p)| format!("{h:?} {a:?} {p}"))
             .collect();
         assert_eq!(
             seen,
@@ -536,7 +577,7 @@ mod tests {
         let seen: Vec<String> = hosts(&c)
             .unwrap()
             .iter()
-            .map(|(h, a, p)| format!("{h:?} {a:?} {p}"))
+            .map(|(_, h, a, p)| format!("{h:?} {a:?} {p}"))
             .collect();
         assert_eq!(
             seen,

@@ -414,3 +414,32 @@ async fn an_address_alone_connects() {
         .unwrap();
     assert_eq!(out.code, Some(0), "{}", out.stderr);
 }
+
+/// With `target_session_attrs=read-write`, the host that took the last connection is tried
+/// first: after a failover, a connection made later does not wait out the timeout of the
+/// dead host ahead of it in the list (here 1 s; 10 s by default, per dead host).
+#[tokio::test]
+async fn the_host_that_took_the_last_connection_is_tried_first() {
+    let db = TestDb::new().await;
+    let silent = SilentHost::start().await;
+    let url = behind(
+        &db,
+        &format!("127.0.0.1:{}", silent.port),
+        "&target_session_attrs=read-write",
+    );
+    let database = outboxd::db::parse_url(&url).unwrap();
+    let t = Instant::now();
+    outboxd::db::connect(&database).await.unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_secs(1),
+        "the first connection did not try the silent host first: {:?}",
+        t.elapsed()
+    );
+    let t = Instant::now();
+    outboxd::db::connect(&database).await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "the second connection waited for the silent host again: {:?}",
+        t.elapsed()
+    );
+}
