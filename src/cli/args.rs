@@ -158,9 +158,10 @@ pub struct ReplayArgs {
     #[arg(long, env = "OUTBOXD_DRY_RUN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub dry_run: bool,
     /// Which of the selection's flags were typed on the command line, not taken from
-    /// their variables ([`ReplayArgs::note_sources`]).
+    /// their variables ([`ReplayArgs::note_sources`]); when not noted (a caller that parsed
+    /// without it), every flag given counts as typed, the careful reading.
     #[arg(skip)]
-    pub typed: TypedSelection,
+    pub typed: Option<TypedSelection>,
 }
 
 /// Which of `replay`'s selection flags came from the command line.
@@ -180,10 +181,10 @@ impl ReplayArgs {
     pub fn note_sources(&mut self, matches: &clap::ArgMatches) {
         let typed =
             |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
-        self.typed = TypedSelection {
+        self.typed = Some(TypedSelection {
             all_dead: typed("all_dead"),
             filter: typed("channel") || typed("error_class") || typed("since"),
-        };
+        });
     }
 }
 

@@ -20,9 +20,12 @@ pub(super) async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError
         None => args.payload.clone(),
     };
     // Checked to be JSON here, and then sent as written (`enqueue_json_text` says why): a
-    // `RawValue` is the text, validated, not a parsed value.
-    let payload: Box<RawValue> = serde_json::from_str(&text)
-        .map_err(|e| ConfigError(format!("--payload is not valid JSON: {e}")))?;
+    // `RawValue` is the text, validated, not a parsed value. Parsed whole once too, for
+    // what the raw check lets through: a number beyond a double's range (`1e400`), which
+    // PostgreSQL's numeric takes and renders digit by digit, up to gigabytes of text.
+    let bad = |e: serde_json::Error| ConfigError(format!("--payload is not valid JSON: {e}"));
+    serde_json::from_str::<serde_json::Value>(&text).map_err(bad)?;
+    let payload: Box<RawValue> = serde_json::from_str(&text).map_err(bad)?;
     // The message's own payload is not sent (the text above is): a placeholder.
     let mut msg = NewMessage::new(args.key.clone(), channel, serde_json::Value::Null)
         .max_attempts(args.max_attempts)
@@ -50,8 +53,11 @@ pub(super) async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError
     }
 }
 
-/// The most `--payload @FILE` reads: the payload limit (`outbox.validate`: 1 MiB of JSON).
-const MAX_PAYLOAD_FILE: u64 = 1024 * 1024;
+/// The most `--payload @FILE` reads. Not the payload limit itself, which the database
+/// applies to the payload as stored (`outbox.validate`: 1 MiB of jsonb's own text, without
+/// the file's indentation, so a pretty-printed file well over 1 MiB can be within it): a
+/// bound on memory.
+const MAX_PAYLOAD_FILE: u64 = 16 * 1024 * 1024;
 
 /// The text of `--payload @FILE`. At most [`MAX_PAYLOAD_FILE`] bytes and one more are read,
 /// so a larger file is refused without being read whole: `@/dev/zero` would otherwise
@@ -66,7 +72,7 @@ fn read_payload_file(path: &str) -> Result<String, ConfigError> {
         .map_err(cannot)?;
     if bytes.len() as u64 > MAX_PAYLOAD_FILE {
         return Err(ConfigError(format!(
-            "--payload: {path} is larger than 1 MiB, the most a payload may be"
+            "--payload: {path} is larger than 16 MiB (a payload is at most 1 MiB as stored)"
         )));
     }
     String::from_utf8(bytes)

@@ -254,4 +254,23 @@ mod tests {
             "{line}"
         );
     }
+
+    /// A caller that parses without noting where values came from (only `main` notes it)
+    /// gets the careful reading: every selection flag given counts as typed, so `replay ID`
+    /// beside `--all-dead` or a filter is still refused, never silently narrowed.
+    #[tokio::test]
+    async fn replay_without_noted_sources_refuses_flags_beside_named_messages() {
+        use clap::Parser as _;
+        for args in [
+            &["outboxd", "replay", "5", "--all-dead"][..],
+            &["outboxd", "replay", "5", "--channel", "email"],
+        ] {
+            let cli = Cli::try_parse_from(args).expect("parses");
+            let err = dispatch(cli, Env::default()).await.expect_err("refused");
+            assert!(
+                matches!(&err, CliError::Usage(e) if e.0.contains("--all-dead")),
+                "{args:?}: {err}"
+            );
+        }
+    }
 }

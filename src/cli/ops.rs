@@ -227,6 +227,12 @@ fn print_history(history: &[AttemptRecord]) {
 pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> {
     // Named messages are typed; a selection flag taken from its variable yields to them
     // (the command line beats the variable), one typed beside them is a usage error.
+    let typed = args.typed.unwrap_or(crate::cli::args::TypedSelection {
+        all_dead: args.all_dead,
+        filter: args.filter.channel.is_some()
+            || args.filter.error_class.is_some()
+            || args.filter.since.is_some(),
+    });
     let selection = if args.targets.is_empty() {
         if !args.all_dead {
             return Err(ConfigError(
@@ -236,13 +242,13 @@ pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> 
         }
         ReplaySelection::AllDead(args.filter.filter())
     } else {
-        if args.typed.all_dead {
+        if typed.all_dead {
             return Err(ConfigError(
                 "name the messages to replay (ID|KEY …) or give --all-dead, not both".into(),
             )
             .into());
         }
-        if args.typed.filter {
+        if typed.filter {
             return Err(ConfigError(
                 "--channel, --error-class and --since go with --all-dead".into(),
             )
@@ -363,6 +369,15 @@ pub(super) async fn purge(args: PurgeArgs, env: &Env) -> Result<(), CliError> {
 
 /// `destinations`: the hosts whose breaker is not simply closed; `--close HOST` closes one.
 pub(super) async fn destinations(args: DestinationsArgs, env: &Env) -> Result<(), CliError> {
+    // `--close` changes a breaker and prints a line, `--json` lists: a probe that asks for
+    // the list must not close a breaker because `OUTBOXD_CLOSE` happens to be exported.
+    if args.close.is_some() && args.json {
+        return Err(ConfigError(
+            "--close and --json do not go together (--close closes a breaker and prints one line)"
+                .into(),
+        )
+        .into());
+    }
     let client = connect(env).await?;
     if let Some(host) = &args.close {
         let closed = crate::ops::close_destination(&client, host)

@@ -578,18 +578,17 @@ async fn enqueue_sends_the_payload_text_unchanged() {
     assert_eq!(count(&db).await, 2);
 }
 
-/// `--payload @FILE` reads at most the payload limit (1 MiB) and one byte more: the whole
-/// file was read before any size check, so `@/dev/zero` grew until memory ran out. The
-/// child runs under a 2 GiB address-space limit (`ulimit -v`), so that a regression fails
-/// this test instead of exhausting a shared machine's memory.
+/// `--payload @FILE` reads at most 16 MiB and one byte: `@/dev/zero` is refused at once,
+/// not read until memory runs out. (Run under a 2 GiB address-space limit, so that a
+/// regression fails here instead of exhausting the machine.)
 #[test]
-fn a_payload_file_over_1_mib_is_refused_without_reading_it_all() {
+fn a_payload_file_over_16_mib_is_refused_without_reading_it_all() {
     let big = std::env::temp_dir().join(format!("outboxd-{}-big.json", std::process::id()));
-    // Valid JSON of 1 MiB + 1 byte: refused for its size, not its content.
+    // Valid JSON of 16 MiB + 1 byte: refused for its size, not its content.
     let (head, tail) = (r#"{"url": "https://example.com/h", "pad": ""#, r#""}"#);
-    let pad = "x".repeat(1024 * 1024 + 1 - head.len() - tail.len());
+    let pad = "x".repeat(16 * 1024 * 1024 + 1 - head.len() - tail.len());
     let text = format!("{head}{pad}{tail}");
-    assert_eq!(text.len(), 1024 * 1024 + 1);
+    assert_eq!(text.len(), 16 * 1024 * 1024 + 1);
     std::fs::write(&big, &text).unwrap();
     for file in ["/dev/zero".to_owned(), big.display().to_string()] {
         let mut cmd = std::process::Command::new("sh");
@@ -601,7 +600,53 @@ fn a_payload_file_over_1_mib_is_refused_without_reading_it_all() {
             .args(["enqueue", "--key", "k", "--channel", "webhook", "--payload"])
             .arg(format!("@{file}"));
         let out = common::binary::run_within(&mut cmd, std::time::Duration::from_secs(10));
-        assert_usage_error(&file, &out, "larger than 1 MiB");
+        assert_usage_error(&file, &out, "larger than 16 MiB");
     }
     let _ = std::fs::remove_file(&big);
+}
+
+/// The 1 MiB limit is the database's, on the payload as stored: a pretty-printed file over
+/// 1 MiB whose JSON is under it goes in. And a number beyond a double's range, which
+/// PostgreSQL's numeric would take and render digit by digit, is refused (exit 2).
+#[tokio::test]
+async fn a_payload_file_is_held_to_the_stored_size_not_its_own() {
+    let db = TestDb::new().await;
+    let url = db.url();
+    let file = std::env::temp_dir().join(format!("outboxd-{}-indented.json", std::process::id()));
+    let items: Vec<String> = (0..30_000)
+        .map(|i| format!("        {{\n            \"n\": {i}\n        }}"))
+        .collect();
+    let text = format!(
+        "{{\n    \"url\": \"https://example.com/h\",\n    \"body\": [\n{}\n    ]\n}}\n",
+        items.join(",\n")
+    );
+    assert!(text.len() > 1024 * 1024, "{}", text.len());
+    std::fs::write(&file, &text).unwrap();
+    let out = run(outboxd(Some(&url)).args([
+        "enqueue",
+        "--key",
+        "indented",
+        "--channel",
+        "webhook",
+        "--payload",
+        &format!("@{}", file.display()),
+    ]));
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stdout.ends_with("created\n"), "{}", out.stdout);
+    let stored: i32 = db
+        .scalar("SELECT octet_length(payload::text) FROM outbox.messages WHERE message_key = 'indented'")
+        .await;
+    assert!(stored < 1024 * 1024, "{stored}");
+
+    let out = run(outboxd(Some(&url)).args([
+        "enqueue",
+        "--key",
+        "huge-number",
+        "--channel",
+        "webhook",
+        "--payload",
+        r#"{"url": "https://example.com/h", "n": 1e131071}"#,
+    ]));
+    assert_usage_error("1e131071", &out, "number out of range");
 }

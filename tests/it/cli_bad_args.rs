@@ -561,6 +561,12 @@ fn bad_arguments_exit_2_with_one_line_before_any_connection() {
             vec!["purge", "--older-than", "7d", "all"],
             "all",
         ),
+        // A probe listing destinations must not close one (say, with OUTBOXD_CLOSE exported).
+        (
+            "destinations: --close with --json",
+            vec!["destinations", "--close", "h.example", "--json"],
+            "--json",
+        ),
         // no or unknown subcommand
         ("no subcommand, a flag", vec!["--json"], "--json"),
         // Every subcommand named, the newest included.
