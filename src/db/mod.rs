@@ -205,9 +205,9 @@ impl deadpool_postgres::Connect for EachHost {
                 + '_,
         >,
     > {
-        let config = config.clone();
+        let (config, tls, last_good) = (config.clone(), self.tls.clone(), self.last_good.clone());
         Box::pin(async move {
-            let (client, connection) = open_with(&config, &self.tls, &self.last_good).await?;
+            let (client, connection) = walk(config, tls, last_good).await?;
             let driver = tokio::spawn(async move {
                 if let Err(e) = connection.await {
                     tracing::debug!(error = %e, "database connection closed");
@@ -240,8 +240,28 @@ pub type Connection = tokio_postgres::Connection<
 /// statement (30 s) could cut the walk short before it reached the live one. Any host that
 /// takes writes will do there, and one that has turned read-only is refused by the check
 /// and the list is walked in order. Without it the list's order is a preference, and kept.
+///
+/// The walk runs in a task of its own, so that a caller that gives up on it (the worker's
+/// 30 s bound on a checkout, with three dead hosts of 10 s ahead of the live one) does not
+/// stop it: it goes on to the host that takes the connection and notes it, and the next
+/// connection starts there.
 pub async fn open(db: &Database) -> Result<(Client, Connection), tokio_postgres::Error> {
-    open_with(&db.config, &db.tls, &db.last_good).await
+    walk(db.config.clone(), db.tls.clone(), db.last_good.clone()).await
+}
+
+/// [`open_with`] in a task of its own ([`open`] says why).
+async fn walk(
+    config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
+    last_good: LastGood,
+) -> Result<(Client, Connection), tokio_postgres::Error> {
+    let task = tokio::spawn(async move { open_with(&config, &tls, &last_good).await });
+    match task.await {
+        Ok(result) => result,
+        // Only a panic inside tokio-postgres could end the task otherwise; said as
+        // tokio-postgres says a connection that did not come.
+        Err(_) => Err(tokio_postgres::Error::__private_api_timeout()),
+    }
 }
 
 async fn open_with(

@@ -443,3 +443,28 @@ async fn the_host_that_took_the_last_connection_is_tried_first() {
         t.elapsed()
     );
 }
+
+/// A connection given up on while it walks the list (the worker bounds a checkout by
+/// 30 s, which three dead hosts of 10 s each fill) is still made in the background, and
+/// the host that took it is where the next one starts: the walk is not cut short for ever.
+/// Here every try is given up on after 0.5 s, with two silent hosts of 1 s each first.
+#[tokio::test]
+async fn a_walk_given_up_on_still_finds_the_live_host_for_the_next_connection() {
+    let db = TestDb::new().await;
+    let (a, b) = (SilentHost::start().await, SilentHost::start().await);
+    let url = behind(
+        &db,
+        &format!("127.0.0.1:{},127.0.0.1:{}", a.port, b.port),
+        "&target_session_attrs=read-write",
+    );
+    let database = outboxd::db::parse_url(&url).unwrap();
+    wait_until(Duration::from_secs(10), "a connection within 0.5 s", || {
+        let database = &database;
+        async move {
+            tokio::time::timeout(Duration::from_millis(500), outboxd::db::connect(database))
+                .await
+                .is_ok_and(|c| c.is_ok())
+        }
+    })
+    .await;
+}
