@@ -48,6 +48,20 @@ impl Database {
     }
 }
 
+impl Database {
+    /// Whether connections leave a host that has turned read-only
+    /// (`target_session_attrs=read-write`; see `read_only`).
+    pub fn leaves_read_only_hosts(&self) -> bool {
+        self.config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite
+    }
+}
+
+/// Was a connection made at `created` made before the last time one of the worker's
+/// statements was refused as read-only ([`failed`])?
+pub fn made_before_read_only(created: std::time::Instant) -> bool {
+    read_only::made_before(created)
+}
+
 impl std::fmt::Debug for Database {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // tokio_postgres::Config's Debug redacts the password.

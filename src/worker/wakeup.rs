@@ -30,6 +30,7 @@ pub(super) async fn listen(
     loop {
         match crate::db::open(&db).await {
             Ok((client, mut conn)) => {
+                let made = std::time::Instant::now();
                 let (tx, mut rx) = mpsc::unbounded_channel::<()>();
                 let driver = tokio::spawn(async move {
                     loop {
@@ -50,8 +51,15 @@ pub(super) async fn listen(
                         backoff.reset();
                         tracing::debug!("listening for outbox_messages");
                         shared.wake.notify_one();
-                        if let Err(e) = serve_wakeups(&client, &shared, &mut rx, &mut idle).await {
-                            tracing::warn!(error = %e, "LISTEN connection failed");
+                        tokio::select! {
+                            served = serve_wakeups(&client, &shared, &mut rx, &mut idle) => {
+                                if let Err(e) = served {
+                                    tracing::warn!(error = %e, "LISTEN connection failed");
+                                }
+                            }
+                            () = turned_read_only(&db, made) => tracing::info!(
+                                "the LISTEN connection's host has turned read-only; listening on the writable one"
+                            ),
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "LISTEN failed"),
@@ -72,6 +80,26 @@ pub(super) async fn listen(
             }
         }
         tokio::time::sleep(backoff.next()).await;
+    }
+}
+
+/// How often a LISTEN connection asks whether its host has turned read-only.
+const READ_ONLY_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Ends once one of the worker's statements has been refused as read-only since `made`,
+/// when the pools leave such hosts (`target_session_attrs=read-write`; `db::failed`). The
+/// LISTEN connection writes nothing itself, so it would stay on a fenced old primary until
+/// it broke, holding the idle mark there: enqueues on the new primary would not wake the
+/// worker, which would fall back to polling.
+async fn turned_read_only(db: &crate::db::Database, made: std::time::Instant) {
+    if !db.leaves_read_only_hosts() {
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(READ_ONLY_CHECK).await;
+        if crate::db::made_before_read_only(made) {
+            return;
+        }
     }
 }
 

@@ -383,6 +383,9 @@ async fn a_host_turned_read_only_is_left_for_the_writable_one() {
         Duration::from_secs(20),
     )
     .await;
+    // The LISTEN connection moved too: idle, the worker holds the idle mark on the second
+    // host, so that enqueues there wake it.
+    wait_for_idle_marks(&db, 1, "the idle mark on the writable host").await;
     drop(child);
 }
 
