@@ -583,14 +583,15 @@ async fn enqueue_sends_the_payload_text_unchanged() {
 /// regression fails here instead of exhausting the machine.)
 #[test]
 fn a_payload_file_over_16_mib_is_refused_without_reading_it_all() {
-    let big = std::env::temp_dir().join(format!("outboxd-{}-big.json", std::process::id()));
+    let big =
+        Scratch(std::env::temp_dir().join(format!("outboxd-{}-big.json", std::process::id())));
     // Valid JSON of 16 MiB + 1 byte: refused for its size, not its content.
     let (head, tail) = (r#"{"url": "https://example.com/h", "pad": ""#, r#""}"#);
     let pad = "x".repeat(16 * 1024 * 1024 + 1 - head.len() - tail.len());
     let text = format!("{head}{pad}{tail}");
     assert_eq!(text.len(), 16 * 1024 * 1024 + 1);
-    std::fs::write(&big, &text).unwrap();
-    for file in ["/dev/zero".to_owned(), big.display().to_string()] {
+    std::fs::write(&big.0, &text).unwrap();
+    for file in ["/dev/zero".to_owned(), big.0.display().to_string()] {
         let mut cmd = std::process::Command::new("sh");
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -602,7 +603,16 @@ fn a_payload_file_over_16_mib_is_refused_without_reading_it_all() {
         let out = common::binary::run_within(&mut cmd, std::time::Duration::from_secs(10));
         assert_usage_error(&file, &out, "larger than 16 MiB");
     }
-    let _ = std::fs::remove_file(&big);
+}
+
+/// A file of a test's own in the temporary directory, removed when the test ends, passed
+/// or failed.
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// The 1 MiB limit is the database's, on the payload as stored: a pretty-printed file over
@@ -612,7 +622,8 @@ fn a_payload_file_over_16_mib_is_refused_without_reading_it_all() {
 async fn a_payload_file_is_held_to_the_stored_size_not_its_own() {
     let db = TestDb::new().await;
     let url = db.url();
-    let file = std::env::temp_dir().join(format!("outboxd-{}-indented.json", std::process::id()));
+    let file =
+        Scratch(std::env::temp_dir().join(format!("outboxd-{}-indented.json", std::process::id())));
     let items: Vec<String> = (0..30_000)
         .map(|i| format!("        {{\n            \"n\": {i}\n        }}"))
         .collect();
@@ -621,7 +632,7 @@ async fn a_payload_file_is_held_to_the_stored_size_not_its_own() {
         items.join(",\n")
     );
     assert!(text.len() > 1024 * 1024, "{}", text.len());
-    std::fs::write(&file, &text).unwrap();
+    std::fs::write(&file.0, &text).unwrap();
     let out = run(outboxd(Some(&url)).args([
         "enqueue",
         "--key",
@@ -629,9 +640,9 @@ async fn a_payload_file_is_held_to_the_stored_size_not_its_own() {
         "--channel",
         "webhook",
         "--payload",
-        &format!("@{}", file.display()),
+        &format!("@{}", file.0.display()),
     ]));
-    let _ = std::fs::remove_file(&file);
+    drop(file);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(out.stdout.ends_with("created\n"), "{}", out.stdout);
     let stored: i32 = db
