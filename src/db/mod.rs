@@ -52,8 +52,14 @@ impl Database {
     /// Whether connections leave a host that has turned read-only
     /// (`target_session_attrs=read-write`; see `read_only`).
     pub fn leaves_read_only_hosts(&self) -> bool {
-        self.config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite
+        asks_for_writes(&self.config)
     }
+}
+
+/// Whether `config` asks for a host that takes writes (`target_session_attrs=read-write`):
+/// then any such host will do, and one that has turned read-only is to be left.
+fn asks_for_writes(config: &tokio_postgres::Config) -> bool {
+    config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite
 }
 
 /// Was a connection made at `created` made before the last time one of the worker's
@@ -165,7 +171,7 @@ pub fn pool_with_setup(
     };
     // Only a pool that asks for a writable host can find another by connecting again;
     // any other would reconnect to the same read-only host, again and again.
-    let leave_read_only = db.config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite;
+    let leave_read_only = db.leaves_read_only_hosts();
     Pool::builder(mgr)
         .pre_recycle(Hook::sync_fn(move |_, metrics| {
             if leave_read_only && read_only::made_before(metrics.created) {
@@ -288,8 +294,8 @@ async fn open_with(
         // No timeout to give each host, or a list tokio-postgres refuses (it says why).
         return config.connect(tls.clone()).await;
     };
-    let sticky = config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite
-        && config.get_load_balance_hosts() != LoadBalanceHosts::Random;
+    let sticky =
+        asks_for_writes(config) && config.get_load_balance_hosts() != LoadBalanceHosts::Random;
     if sticky {
         let good = last_good.load(Ordering::Relaxed);
         if let Some(at) = list.iter().position(|t| t.0 + 1 == good) {
