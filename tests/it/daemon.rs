@@ -68,6 +68,14 @@ fn wait_exit(mut child: Child, timeout: Duration) -> (Option<i32>, String) {
     }
 }
 
+/// The value of the first line of a Prometheus `text` that starts with `prefix`.
+fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -201,12 +209,7 @@ async fn metrics_health_and_json_logs() {
     assert_eq!(status, 200, "{body}");
     let (status, text) = http_get(&addr, "/metrics").await.expect("metrics answers");
     assert_eq!(status, 200);
-    let value = |prefix: &str| -> Option<f64> {
-        text.lines()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-    };
+    let value = |prefix: &str| metric(&text, prefix);
     assert_eq!(
         value("outboxd_deliveries_total{channel=\"webhook\",outcome=\"delivered\"}"),
         Some(2.0),
@@ -263,12 +266,7 @@ async fn metrics_health_and_json_logs() {
         .unwrap();
     let (status, text) = http_get(&addr, "/metrics").await.expect("metrics answers");
     assert_eq!(status, 200);
-    let value = |prefix: &str| -> Option<f64> {
-        text.lines()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-    };
+    let value = |prefix: &str| metric(&text, prefix);
     assert_eq!(value("outboxd_database_up"), Some(0.0), "{text}");
     tx.rollback().await.unwrap();
     let (_, text) = http_get(&addr, "/metrics").await.expect("metrics answers");

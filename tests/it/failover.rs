@@ -255,15 +255,21 @@ impl Drop for SilentHost {
 
 /// `db`'s URL with a host in front of its own, and a 1 s connect timeout.
 fn behind(db: &TestDb, first: &str, query: &str) -> String {
-    let url = url::Url::parse(&db.url()).unwrap();
-    let user = url.username();
-    let password = url.password().map(|p| format!(":{p}")).unwrap_or_default();
-    format!(
-        "postgres://{user}{password}@{first},{}:{}{}?connect_timeout=1{query}",
-        url.host_str().unwrap(),
-        url.port().unwrap_or(5432),
-        url.path()
+    db.url_at(
+        &format!("{first},{}", db.server()),
+        &format!("connect_timeout=1{query}"),
     )
+}
+
+/// A [`SilentHost`], and `db`'s URL with it first, asking for a writable host.
+async fn behind_a_silent_host(db: &TestDb) -> (SilentHost, String) {
+    let silent = SilentHost::start().await;
+    let url = behind(
+        db,
+        &format!("127.0.0.1:{}", silent.port),
+        "&target_session_attrs=read-write",
+    );
+    (silent, url)
 }
 
 /// libpq's `connect_timeout` holds "separately to each host name or IP address", for the
@@ -275,12 +281,7 @@ fn behind(db: &TestDb, first: &str, query: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_never_answers_is_passed_over_for_the_next() {
     let db = TestDb::new().await;
-    let silent = SilentHost::start().await;
-    let url = behind(
-        &db,
-        &format!("127.0.0.1:{}", silent.port),
-        "&target_session_attrs=read-write",
-    );
+    let (_silent, url) = behind_a_silent_host(&db).await;
 
     // A one-shot command: one connection.
     let out = run(outboxd(Some(&url)).args(["status", "--json"]));
@@ -396,13 +397,8 @@ async fn a_host_turned_read_only_is_left_for_the_writable_one() {
 async fn an_address_alone_connects() {
     let db = TestDb::new().await;
     let url = url::Url::parse(&db.url()).unwrap();
-    let port = url.port().unwrap_or(5432);
-    let addr = tokio::net::lookup_host((url.host_str().unwrap(), port))
-        .await
-        .unwrap()
-        .next()
-        .unwrap()
-        .ip();
+    let server = db.server_addr().await;
+    let (addr, port) = (server.ip(), server.port());
     let password = url
         .password()
         .map(|p| format!(" password={p}"))
@@ -424,12 +420,7 @@ async fn an_address_alone_connects() {
 #[tokio::test]
 async fn the_host_that_took_the_last_connection_is_tried_first() {
     let db = TestDb::new().await;
-    let silent = SilentHost::start().await;
-    let url = behind(
-        &db,
-        &format!("127.0.0.1:{}", silent.port),
-        "&target_session_attrs=read-write",
-    );
+    let (_silent, url) = behind_a_silent_host(&db).await;
     let database = outboxd::db::parse_url(&url).unwrap();
     let t = Instant::now();
     outboxd::db::connect(&database).await.unwrap();

@@ -1139,20 +1139,8 @@ async fn pools_behind_a_cutter(
     db: &TestDb,
     marker: Vec<u8>,
 ) -> (outboxd::worker::Pools, common::cutter::Cutter) {
-    let url = url::Url::parse(&db.url()).unwrap();
-    let upstream = tokio::net::lookup_host((url.host_str().unwrap(), url.port().unwrap_or(5432)))
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let cutter = common::cutter::Cutter::start(upstream, marker).await;
-    let password = url.password().map(|p| format!(":{p}")).unwrap_or_default();
-    let proxied = format!(
-        "postgres://{}{password}@127.0.0.1:{}{}?sslmode=disable",
-        url.username(),
-        cutter.port,
-        url.path()
-    );
+    let cutter = common::cutter::Cutter::start(db.server_addr().await, marker).await;
+    let proxied = db.url_at(&format!("127.0.0.1:{}", cutter.port), "sslmode=disable");
     let pools = outboxd::worker::Pools::new(&outboxd::db::parse_url(&proxied).unwrap(), 4).unwrap();
     (pools, cutter)
 }

@@ -174,6 +174,25 @@ async fn an_applications_own_pool_keeps_its_prepared_statements() {
     );
 }
 
+/// A worker whose general pool has one connection, which the test then takes and holds.
+/// The worker has started (its first view of the breakers is read before it claims) once
+/// a first message, to `url` with a budget of `budget`, has ended `end`; only then is the
+/// connection taken.
+async fn worker_with_its_general_pool_held(
+    db: &TestDb,
+    cfg: outboxd::config::WorkerConfig,
+    url: &str,
+    budget: i32,
+    end: &str,
+) -> (RunningWorker, deadpool_postgres::Object) {
+    let pools = Pools::new(&db.database(), 1).unwrap();
+    let general = pools.general.clone();
+    let w = RunningWorker::start_on(db, pools, cfg, test_webhook_config(), None);
+    enqueue_webhook(db, "first", url, budget, true).await;
+    wait_for_state(db, "first", end, Duration::from_secs(10)).await;
+    (w, general.get().await.unwrap())
+}
+
 /// The general pool can be busy for a while (a breaker's backlog pushed, retention, the
 /// lease sweep, a scrape all use it). The claim loop must not wait for it: here its one
 /// connection is held by someone else throughout, and due messages still go at once. (The
@@ -184,20 +203,14 @@ async fn a_busy_general_pool_does_not_hold_the_deliveries_up() {
     use crate::common::receiver::Receiver;
     let db = TestDb::new().await;
     let rx = Receiver::start().await;
-    let pools = Pools::new(&db.database(), 1).unwrap();
-    let general = pools.general.clone();
-    let w = RunningWorker::start_on(
+    let (w, held) = worker_with_its_general_pool_held(
         &db,
-        pools,
         test_worker_config("w"),
-        test_webhook_config(),
-        None,
-    );
-    // Let the worker start (its first view of the breakers is read before it claims), then
-    // take the general pool's only connection away from it.
-    enqueue_webhook(&db, "first", &rx.url("/h"), 3, true).await;
-    wait_for_state(&db, "first", "delivered", Duration::from_secs(10)).await;
-    let held = general.get().await.unwrap();
+        &rx.url("/h"),
+        3,
+        "delivered",
+    )
+    .await;
     for i in 0..5 {
         let key = format!("busy:{i}");
         enqueue_webhook(&db, &key, &rx.url("/h"), 3, true).await;
@@ -219,18 +232,14 @@ async fn a_busy_general_pool_does_not_hold_up_the_recording_of_deliveries() {
     let failing = Receiver::start().await;
     failing.set_default(Reply::Status(500));
     let rx = Receiver::start().await;
-    let pools = Pools::new(&db.database(), 1).unwrap();
-    let general = pools.general.clone();
-    let w = RunningWorker::start_on(
+    let (w, held) = worker_with_its_general_pool_held(
         &db,
-        pools,
         test_worker_config("w"),
-        test_webhook_config(),
-        None,
-    );
-    enqueue_webhook(&db, "first", &rx.url("/h"), 3, true).await;
-    wait_for_state(&db, "first", "delivered", Duration::from_secs(10)).await;
-    let held = general.get().await.unwrap();
+        &rx.url("/h"),
+        3,
+        "delivered",
+    )
+    .await;
     // Its failure is recorded (dead at once: a budget of one), then waits to be counted.
     enqueue_webhook(&db, "failing", &failing.url("/h"), 1, true).await;
     wait_for_state(&db, "failing", "dead", Duration::from_secs(10)).await;
@@ -253,17 +262,11 @@ async fn a_busy_general_pool_does_not_hold_a_stop_up() {
     let db = TestDb::new().await;
     let rx = Receiver::start().await;
     rx.set_default(Reply::Status(500));
-    let pools = Pools::new(&db.database(), 1).unwrap();
-    let general = pools.general.clone();
     let cfg = outboxd::config::WorkerConfig {
         shutdown_grace: Duration::from_secs(1),
         ..test_worker_config("w")
     };
-    let w = RunningWorker::start_on(&db, pools, cfg, test_webhook_config(), None);
-    // The worker has started (its first view of the breakers read) once it has sent this.
-    enqueue_webhook(&db, "first", &rx.url("/h"), 1, true).await;
-    wait_for_state(&db, "first", "dead", Duration::from_secs(10)).await;
-    let held = general.get().await.unwrap();
+    let (w, held) = worker_with_its_general_pool_held(&db, cfg, &rx.url("/h"), 1, "dead").await;
     enqueue_webhook(&db, "failing", &rx.url("/h"), 1, true).await;
     wait_for_state(&db, "failing", "dead", Duration::from_secs(10)).await;
     // Its failure is now being counted, waiting for the general pool.

@@ -84,6 +84,37 @@ impl TestDb {
         url.to_string()
     }
 
+    /// `host:port` of this database's server, as its URL gives it.
+    pub fn server(&self) -> String {
+        let url = url::Url::parse(&self.url()).expect("DATABASE_URL is a postgres:// URL");
+        format!(
+            "{}:{}",
+            url.host_str().expect("a host"),
+            url.port().unwrap_or(5432)
+        )
+    }
+
+    /// The socket address of this database's server.
+    pub async fn server_addr(&self) -> std::net::SocketAddr {
+        tokio::net::lookup_host(self.server())
+            .await
+            .expect("the server's name resolves")
+            .next()
+            .expect("an address")
+    }
+
+    /// This database's URL with `hosts` (a `host:port`, or a list of them) for its server
+    /// and `query` for its query string: the same user, password and database.
+    pub fn url_at(&self, hosts: &str, query: &str) -> String {
+        let url = url::Url::parse(&self.url()).expect("DATABASE_URL is a postgres:// URL");
+        let password = url.password().map(|p| format!(":{p}")).unwrap_or_default();
+        format!(
+            "postgres://{}{password}@{hosts}{}?{query}",
+            url.username(),
+            url.path()
+        )
+    }
+
     /// A new connection to this database.
     pub async fn client(&self) -> Client {
         connect(&self.pg).await
