@@ -118,10 +118,12 @@ pub(super) async fn completer(
                 }
             );
             // Counted whether or not the lease was still ours: the request was made.
-            batch.outcomes = completions
-                .iter()
-                .map(|c| (c.id, c.lease_token, c.transition.error_class()))
-                .collect();
+            if shared.breakers.enabled() {
+                batch.outcomes = completions
+                    .iter()
+                    .map(|c| (c.id, c.lease_token, c.transition.error_class()))
+                    .collect();
+            }
             match recorded {
                 Some(outcomes) => log_attempts(&shared, &completions, &logs, &outcomes),
                 None => tracing::error!(
