@@ -162,6 +162,15 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
             .map_err(|e| anyhow::anyhow!("RUST_LOG is not a valid filter: {e}"))?,
         _ => EnvFilter::new(default),
     };
+    // tokio-postgres logs each prepared statement's parameters at debug (through the `log`
+    // bridge tracing-subscriber installs). The completion's parameters carry the stored
+    // response bodies, which are never logged, and the errors' text: so its query events
+    // stop at info whatever RUST_LOG asks (a directive for the same target replaces the
+    // caller's). Its other events (connections, prepared statement texts) still follow RUST_LOG.
+    let quiet = "tokio_postgres::query=info"
+        .parse()
+        .map_err(|e| anyhow::anyhow!("the tokio-postgres filter: {e}"))?;
+    let filter = filter.add_directive(quiet);
     let log_format = outboxd::support::env_var("OUTBOXD_LOG_FORMAT")?;
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let logs = tracing_subscriber::fmt::layer()

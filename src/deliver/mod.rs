@@ -63,7 +63,7 @@ impl From<Result<Delivered, DeliveryError>> for Attempted {
 ///
 /// `message` is one line safe to store and log: it never contains a payload, a header value,
 /// a password, or a URL's path or query.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[error("{message}")]
 pub struct DeliveryError {
     /// What another attempt would cost.
@@ -79,6 +79,22 @@ pub struct DeliveryError {
     /// The transport error behind it, for debugging in-process; never stored.
     #[source]
     pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// The safe line and the facts, not `source` or `response`: a relay's reply quotes
+/// addresses, a transport error may name a URL's path, and a response may hold a stored
+/// body; `{:?}` of an error travels further than its author meant.
+impl std::fmt::Debug for DeliveryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeliveryError")
+            .field("class", &self.class)
+            .field("status", &self.status)
+            .field("retry_after", &self.retry_after)
+            .field("message", &self.message)
+            .field("response", &self.response.as_ref().map(|_| "(not shown)"))
+            .field("source", &self.source.as_ref().map(|_| "(not shown)"))
+            .finish()
+    }
 }
 
 impl DeliveryError {

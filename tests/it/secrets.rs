@@ -25,6 +25,9 @@ const QUERY_MARK: &str = "QUERYTOKEN";
 const BODY_MARK: &str = "BODYMARKER";
 const HEADER_MARK: &str = "HEADERVALUE";
 const USERINFO_MARK: &str = "USERINFOSECRET";
+/// The body of a response kept by `"store_response": true`: stored in `response.body`,
+/// which is its place, and never logged (contract: "Never logged").
+const RESPONSE_MARK: &str = "STOREDRESPONSEBODY";
 
 /// The Standard Webhooks vector's secret, its base64 key, and the key bytes as Rust's
 /// Debug would print them.
@@ -135,6 +138,12 @@ async fn scenario(log_format: &str) -> Scenario {
     bad.set_default(Reply::Status(400));
     let stall = Receiver::start().await;
     stall.set_default(Reply::Stall(Duration::from_secs(3)));
+    let stored = Receiver::start().await;
+    stored.set_default(Reply::Body(
+        200,
+        Some("application/json"),
+        format!("{{\"receipt\":\"{RESPONSE_MARK}\"}}").into_bytes(),
+    ));
     let refused = format!("http://127.0.0.1:{CLOSED_PORT}");
     let base = |rx: &Receiver| format!("http://{}", rx.addr);
 
@@ -169,6 +178,9 @@ async fn scenario(log_format: &str) -> Scenario {
         ),
         ("leak:refused", secret_payload(&refused, "refused"), 2, true),
     ];
+    let mut keep = secret_payload(&base(&stored), "stored");
+    keep["store_response"] = json!(true);
+    let msgs = msgs.into_iter().chain([("leak:stored", keep, 1, true)]);
     for (key, payload, max, amb) in msgs {
         let m = outboxd::NewMessage::webhook(key, payload)
             .max_attempts(max)
@@ -216,6 +228,7 @@ async fn scenario(log_format: &str) -> Scenario {
             l
         }
     );
+    let run_log = out.stderr.clone();
     // RUST_LOG=trace really reached the dependencies.
     assert!(
         out.stderr.contains("TRACE") || out.stderr.contains("\"level\":\"TRACE\""),
@@ -224,11 +237,20 @@ async fn scenario(log_format: &str) -> Scenario {
     for dep in ["tokio_postgres", "hyper_util"] {
         assert!(out.stderr.contains(dep), "no {dep} lines in the trace");
     }
+    let shown: Vec<&str> = run_log
+        .lines()
+        .filter(|l| l.contains(RESPONSE_MARK))
+        .collect();
+    assert!(
+        shown.is_empty(),
+        "a stored response body in the log: {shown:?}"
+    );
     outputs.push(("run".to_owned(), out));
 
     // Every path was taken.
     let expect = [
         ("leak:ok", "delivered", None, 1),
+        ("leak:stored", "delivered", None, 1),
         ("leak:503", "delivered", None, 2),
         ("leak:400", "dead", Some("permanent"), 1),
         ("leak:stall", "dead", Some("ambiguous"), 2),
@@ -245,6 +267,14 @@ async fn scenario(log_format: &str) -> Scenario {
         );
     }
     assert_eq!(ok.requests().len(), 1);
+    assert_eq!(stored.requests().len(), 1);
+    // The body was kept (so the completion really carried it), and the run's trace,
+    // in which tokio-postgres logs a prepared statement's parameters at debug, shows
+    // none of it.
+    let kept: String = db
+        .scalar("SELECT response->'body'->>'receipt' FROM outbox.messages WHERE message_key = 'leak:stored'")
+        .await;
+    assert_eq!(kept, RESPONSE_MARK);
     assert_eq!(flaky.requests().len(), 2);
     assert_eq!(bad.requests().len(), 1);
     assert_eq!(stall.requests().len(), 2);
@@ -636,6 +666,17 @@ fn debug_of_what_holds_secrets_shows_none() {
     let database =
         outboxd::db::parse_url(&format!("postgres://app:{DB_PASSWORD}@db.example/app")).unwrap();
     let new_message = outboxd::NewMessage::webhook("order-1", serde_json::from_str(&text).unwrap());
+    // A failure whose cause quotes what a relay said (an address) and whose response holds
+    // a stored body.
+    let failure = outboxd::deliver::DeliveryError {
+        status: Some(550),
+        response: Some(json!({"body": format!("{BODY_MARK}-response")})),
+        source: Some(format!("550 5.1.1 <{USERINFO_MARK}@example.com> unknown").into()),
+        ..outboxd::deliver::DeliveryError::new(
+            outboxd::model::ErrorClass::Permanent,
+            "SMTP 550 at RCPT TO",
+        )
+    };
 
     let shown = [
         ("Env", format!("{env:?}"), "OUTBOXD_WEBHOOK_SECRET_BILLING"),
@@ -664,6 +705,11 @@ fn debug_of_what_holds_secrets_shows_none() {
         ),
         ("Database", format!("{database:?}"), "db.example"),
         ("NewMessage", format!("{new_message:?}"), "payload_len"),
+        (
+            "DeliveryError",
+            format!("{failure:?}"),
+            "SMTP 550 at RCPT TO",
+        ),
     ];
     for (what, debug, expected) in &shown {
         let mut found = leaks(debug);
