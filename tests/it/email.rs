@@ -1457,3 +1457,108 @@ async fn a_non_ascii_reply_to_asks_for_smtputf8() {
     assert_eq!(mail.len(), 1, "{mail:?}");
     assert!(mail[0].contains("SMTPUTF8"), "{mail:?}");
 }
+
+/// An address at an international domain names the same mailbox as its ASCII form, which
+/// needs no SMTPUTF8: to a relay that does not offer it, `kunde@bücher.example` goes as
+/// `kunde@xn--bcher-kva.example`, in the envelope and in the header. (It used to be dead
+/// `permanent` there, "does not support SMTPUTF8".) A local part that is not ASCII has no
+/// such form: that one still needs SMTPUTF8, and is refused by such a relay.
+#[tokio::test]
+async fn an_international_domain_goes_in_ascii_to_a_relay_without_smtputf8() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    fake.without_smtputf8();
+    let mut payload = simple(&["Kunde <kunde@bücher.example>"]);
+    payload["from"] = json!("shop@straße.example");
+    enqueue_email(&db, "idn:domain", payload, 3, true).await;
+    let mut payload = simple(&["jörg@example.com"]);
+    payload["from"] = json!("shop@example.com");
+    enqueue_email(&db, "idn:local-part", payload, 3, true).await;
+    let w = start(&db, email_config(&fake.url()));
+    wait_for_state(&db, "idn:domain", "delivered", WAIT).await;
+    wait_for_state(&db, "idn:local-part", "dead", WAIT).await;
+    w.stop().await;
+
+    let commands = fake.commands();
+    let envelope: Vec<&String> = commands
+        .iter()
+        .filter(|c| {
+            let c = c.to_ascii_uppercase();
+            c.starts_with("MAIL FROM") || c.starts_with("RCPT TO")
+        })
+        .collect();
+    assert_eq!(
+        envelope,
+        [
+            "MAIL FROM:<shop@xn--strae-oqa.example>",
+            "RCPT TO:<kunde@xn--bcher-kva.example>"
+        ],
+        "{commands:?}"
+    );
+    let got = fake.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].header("To").as_deref(),
+        Some("Kunde <kunde@xn--bcher-kva.example>")
+    );
+    assert_eq!(
+        got[0].header("From").as_deref(),
+        Some("shop@xn--strae-oqa.example")
+    );
+    assert!(got[0].content.is_ascii());
+    let r = row(&db, "idn:local-part").await;
+    assert_eq!(r.error_class.as_deref(), Some("permanent"), "{r:?}");
+    assert!(
+        r.last_error.as_deref().unwrap_or("").contains("SMTPUTF8"),
+        "{r:?}"
+    );
+}
+
+/// A subject whose whitespace runs are longer than a line reaches a real server intact:
+/// aiosmtpd refuses a line over 998 octets (`500 Line too long`), as a subject of
+/// `"a" + 1 500 spaces + "b"` used to make, and the message was dead `permanent`.
+#[tokio::test]
+async fn a_subject_with_long_whitespace_runs_is_delivered_exactly() {
+    let db = TestDb::new().await;
+    let sink = Sink::start(&[]).await;
+    let subjects = [
+        format!("a{}b", " ".repeat(1500)),
+        format!("{}lead and trail{}", " ".repeat(1200), "\t".repeat(1100)),
+    ];
+    for (i, subject) in subjects.iter().enumerate() {
+        let mut payload = simple(&["a@example.com"]);
+        payload["subject"] = json!(subject);
+        enqueue_email(&db, &format!("ws:{i}"), payload, 1, false).await;
+    }
+    let w = start(&db, email_config(&sink.url()));
+    for i in 0..subjects.len() {
+        let key = format!("ws:{i}");
+        wait_until(WAIT, "the message delivered or dead", || async {
+            matches!(row(&db, &key).await.state.as_str(), "delivered" | "dead")
+        })
+        .await;
+        let r = row(&db, &key).await;
+        assert_eq!(r.state, "delivered", "{key}: {:?}", r.last_error);
+    }
+    w.stop().await;
+    let msgs = sink.messages();
+    assert_eq!(msgs.len(), subjects.len());
+    let mut got: Vec<String> = msgs
+        .iter()
+        .map(|m| {
+            for line in header_lines(&m.raw_bytes()) {
+                assert!(line.len() <= 78, "{} octets: {line:?}", line.len());
+            }
+            m.parsed
+                .decoded
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case("Subject"))
+                .map(|(_, v)| v.clone())
+                .unwrap()
+        })
+        .collect();
+    got.sort();
+    let mut want = subjects.to_vec();
+    want.sort();
+    assert_eq!(got, want);
+}

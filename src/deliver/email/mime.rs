@@ -45,6 +45,10 @@ pub(super) const MAX_LINE: usize = 998;
 /// is 72, within RFC 2047's 75.
 pub(super) const ENCODED_WORD_TEXT: usize = 45;
 
+/// The longest run of whitespace written as it is in a subject; a longer one goes in
+/// encoded words (see [`unstructured`]).
+pub(super) const LONG_WHITESPACE: usize = FOLD_AT / 2;
+
 /// An encoded word's characters besides its base64.
 pub(super) const ENCODED_WORD_FRAME: usize = "=?utf-8?b?".len() + "?=".len();
 
@@ -152,20 +156,34 @@ pub(super) fn unstructured(name: &str, value: &str, known_unstructured: bool) ->
     let encode = |w: &str| {
         !w.is_ascii() || (known_unstructured && (w.contains("=?") || w.len() + 1 > FOLD_AT))
     };
+    // A line breaks before whitespace, never inside it, so a run of whitespace longer
+    // than a line (`"a" + 1 500 spaces + "b"`) made a line past the 998 octets RFC 5322
+    // allows, which relays refuse. In the subject such a run goes into encoded words,
+    // which hold it exactly and fold like any text.
+    let long_run = |ws: usize, w: usize| known_unstructured && w - ws > LONG_WHITESPACE;
     let mut f = Folded::new(name);
     let mut k = 0;
     while k < words.len() {
         let (ws, w, end) = words[k];
-        if w < end && encode(&value[w..end]) {
+        let run = long_run(ws, w);
+        if run || (w < end && encode(&value[w..end])) {
             let mut last = k;
-            while let Some(&(_, nw, ne)) = words.get(last + 1) {
-                if nw < ne && encode(&value[nw..ne]) {
+            while let Some(&(nws, nw, ne)) = words.get(last + 1) {
+                if long_run(nws, nw) || (nw < ne && encode(&value[nw..ne])) {
                     last += 1;
                 } else {
                     break;
                 }
             }
-            f.push_encoded(&value[ws..w], &value[w..words[last].2]);
+            // The whitespace before encoded words stays outside them (it is where the
+            // line may break, and a decoder keeps it); a long run keeps one character
+            // there and the rest goes inside. Whitespace (space or tab) is one octet.
+            let (space, from) = match (run, f.started) {
+                (false, _) => (&value[ws..w], w),
+                (true, true) => (&value[ws..ws + 1], ws + 1),
+                (true, false) => ("", ws),
+            };
+            f.push_encoded(space, &value[from..words[last].2]);
             k = last + 1;
         } else {
             f.push(&value[ws..w], &value[w..end]);
@@ -325,6 +343,28 @@ mod tests {
                 "{word}"
             );
             assert!(word.len() <= 75, "{word}");
+        }
+    }
+
+    /// A subject's whitespace runs longer than a line are folded too: before, a line broke
+    /// only before a run, never inside it, and `"a" + 1 500 spaces + "b"` made a line of
+    /// 1 501 octets.
+    #[test]
+    fn long_whitespace_in_a_subject_is_folded_too() {
+        for subject in [
+            format!("a{}b", " ".repeat(1500)),
+            format!("{}lead", " ".repeat(1200)),
+            format!("trail{}", "\t".repeat(1100)),
+            " ".repeat(2000),
+            format!("Grüße{}aus Köln{}✓ x", " ".repeat(300), "\t ".repeat(200)),
+        ] {
+            let email = parse(serde_json::json!({
+                "from": "a@b.example", "to": "c@d.example", "text": "t", "subject": subject
+            }))
+            .expect("valid");
+            for l in header_lines(&email) {
+                assert!(l.len() <= 78, "{} octets: {l:?}", l.len());
+            }
         }
     }
 

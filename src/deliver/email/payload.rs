@@ -270,13 +270,20 @@ pub(super) fn one_header_line(field: &str, value: &str) -> Result<(), DeliveryEr
     Ok(())
 }
 
-/// One address, `addr@example.com` or `Name <addr@example.com>`.
+/// One address, `addr@example.com` or `Name <addr@example.com>`. An international domain
+/// is written in its ASCII form (`kunde@xn--bcher-kva.example` for `kunde@bücher.example`),
+/// in the envelope and in the header alike: it names the same mailbox, and needs no
+/// SMTPUTF8, which many relays do not offer. Only a local part that is not ASCII needs it.
 pub(super) fn mailbox(field: &str, value: &str) -> Result<Mailbox, DeliveryError> {
     one_header_line(field, value)?;
-    value
-        .trim()
-        .parse::<Mailbox>()
-        .map_err(|_| DeliveryError::invalid(format!("{field} is not a valid address")))
+    let invalid = || DeliveryError::invalid(format!("{field} is not a valid address"));
+    let mailbox = value.trim().parse::<Mailbox>().map_err(|_| invalid())?;
+    if mailbox.email.domain().is_ascii() {
+        return Ok(mailbox);
+    }
+    let domain = ascii_domain(mailbox.email.domain()).ok_or_else(invalid)?;
+    let email = Address::new(mailbox.email.user(), domain).map_err(|_| invalid())?;
+    Ok(Mailbox::new(mailbox.name, email))
 }
 
 /// A list of addresses: an array of strings, or one string.

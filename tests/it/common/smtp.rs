@@ -155,6 +155,8 @@ struct State {
     /// End the data at a `.` line whose line breaks may be a lone CR or LF, as relays
     /// open to SMTP smuggling did (2023); see [`FakeSmtp::end_data_at_any_line_break`].
     lenient_end_of_data: bool,
+    /// Leave SMTPUTF8 out of EHLO (many relays do not offer it).
+    no_smtputf8: bool,
     connections: usize,
     /// Sessions that have ended (the client closed, or the fake did).
     closed: usize,
@@ -227,6 +229,11 @@ impl FakeSmtp {
     /// Advertise STARTTLS in EHLO.
     pub fn offer_starttls(&self) {
         self.state.lock().unwrap().starttls = true;
+    }
+
+    /// Do not advertise SMTPUTF8.
+    pub fn without_smtputf8(&self) {
+        self.state.lock().unwrap().no_smtputf8 = true;
     }
 
     /// Advertise AUTH PLAIN and answer it with `a`.
@@ -324,11 +331,14 @@ async fn session(stream: TcpStream, st: Arc<Mutex<State>>) -> std::io::Result<()
             .to_ascii_uppercase();
         match verb.as_str() {
             "EHLO" | "HELO" => {
-                let (starttls, auth) = {
+                let (starttls, auth, no_smtputf8) = {
                     let s = st.lock().unwrap();
-                    (s.starttls, s.auth.is_some())
+                    (s.starttls, s.auth.is_some(), s.no_smtputf8)
                 };
-                let mut lines = vec!["250-fake.test", "250-8BITMIME", "250-SMTPUTF8"];
+                let mut lines = vec!["250-fake.test", "250-8BITMIME"];
+                if !no_smtputf8 {
+                    lines.push("250-SMTPUTF8");
+                }
                 if starttls {
                     lines.push("250-STARTTLS");
                 }
