@@ -146,12 +146,10 @@ impl Guard {
     /// whatever it resolves to?
     pub fn host_exempt(&self, host: &str) -> bool {
         self.policy.allow_private_networks
-            || self.policy.allow_hosts.contains(
-                &host
-                    .trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .to_ascii_lowercase(),
-            )
+            || self
+                .policy
+                .allow_hosts
+                .contains(&super::webhook::settings::without_brackets_or_dot(host))
     }
 
     /// May a request go to this address?

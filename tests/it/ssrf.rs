@@ -172,6 +172,44 @@ async fn an_allowed_host_is_exempt_but_only_by_its_own_name() {
     );
 }
 
+/// An allow-list entry names its host in any of the ways a URL may: `127.000.000.001` is
+/// the host of `http://127.0.0.1/`, and `LOCALHOST.` that of `http://localhost/`. Such
+/// entries used to be accepted at start-up and never match (the message dead `invalid`).
+#[tokio::test]
+async fn allow_list_entries_match_however_the_host_is_written() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    let port = rx.addr.port();
+    enqueue_webhook(
+        &db,
+        "allow:octal",
+        &format!("http://127.0.0.1:{port}/octal"),
+        3,
+        true,
+    )
+    .await;
+    enqueue_webhook(
+        &db,
+        "allow:dot",
+        &format!("http://localhost:{port}/dot"),
+        3,
+        true,
+    )
+    .await;
+    let policy = DestinationPolicy::from_values(None, Some("127.000.000.001, LOCALHOST.")).unwrap();
+    let w = RunningWorker::start(&db, test_worker_config("w"), webhook(policy));
+    wait_for_state(&db, "allow:octal", "delivered", WAIT).await;
+    wait_for_state(&db, "allow:dot", "delivered", WAIT).await;
+    w.stop().await;
+    let mut paths: Vec<String> = rx
+        .requests()
+        .iter()
+        .map(|r| r.uri.path().to_owned())
+        .collect();
+    paths.sort();
+    assert_eq!(paths, ["/dot", "/octal"]);
+}
+
 #[tokio::test]
 async fn allow_private_networks_lets_loopback_through() {
     let db = TestDb::new().await;

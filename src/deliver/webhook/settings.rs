@@ -46,24 +46,45 @@ impl DestinationPolicy {
             if h.is_empty() {
                 continue;
             }
-            let h = h
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_ascii_lowercase();
-            if h.contains(['/', ' ', '@'])
-                || (h.contains(':') && h.parse::<std::net::Ipv6Addr>().is_err())
-            {
-                return Err(ConfigError(format!(
+            let h = h.trim_start_matches('[').trim_end_matches(']');
+            let refused = || {
+                ConfigError(format!(
                     "OUTBOXD_WEBHOOK_ALLOW_HOSTS: {raw:?} is not a host name or IP literal (no scheme, port or path)"
-                )));
+                ))
+            };
+            if h.contains(['/', ' ', '@']) {
+                return Err(refused());
             }
-            hosts.insert(h);
+            hosts.insert(allow_entry(h).ok_or_else(refused)?);
         }
         Ok(DestinationPolicy {
             allow_private_networks,
             allow_hosts: hosts,
         })
     }
+}
+
+/// An allow-list entry in the form the URL parser gives a URL's host, which is what it is
+/// matched against ([`crate::deliver::guard::Guard::host_exempt`]): an international name
+/// in its ASCII form (`bücher.example` → `xn--bcher-kva.example`), lower case, an IP
+/// address written the one way (`127.000.000.001` → `127.0.0.1`, `0:0:0:0:0:0:0:1` → `::1`),
+/// without brackets or a trailing dot. Written as they were, such entries were accepted
+/// and never matched. `None` for what is no host.
+pub(crate) fn allow_entry(h: &str) -> Option<String> {
+    let host = if h.contains(':') {
+        url::Host::parse(&format!("[{h}]"))
+    } else {
+        url::Host::parse(h)
+    }
+    .ok()?;
+    Some(without_brackets_or_dot(&host.to_string()))
+}
+
+/// A URL's host as [`allow_entry`] keeps it: no IPv6 brackets, no trailing dot (`a.example.`
+/// names the same host as `a.example`), lower case.
+pub(crate) fn without_brackets_or_dot(host: &str) -> String {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase()
 }
 
 /// Settings of webhook delivery.
@@ -221,6 +242,37 @@ fn parse_one(var: &str, secret: &str) -> Result<Vec<u8>, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Entries are kept as the URL parser writes a URL's host, which is what they are
+    /// matched against; written otherwise they were accepted and never matched.
+    #[test]
+    fn allow_list_entries_are_written_as_url_hosts() {
+        let policy = DestinationPolicy::from_values(
+            None,
+            Some("BÜCHER.example, 127.000.000.001, 0:0:0:0:0:0:0:1, [::FFFF:127.0.0.1], hooks.internal., Api.Example.COM"),
+        )
+        .expect("every entry is a host");
+        let mut got: Vec<&str> = policy.allow_hosts.iter().map(String::as_str).collect();
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            [
+                "127.0.0.1",
+                "::1",
+                "::ffff:7f00:1",
+                "api.example.com",
+                "hooks.internal",
+                "xn--bcher-kva.example"
+            ]
+        );
+        for bad in ["a b", "x/y", "u@h", "1:2:3", "exa mple.com", "ex%00ample"] {
+            let err = DestinationPolicy::from_values(None, Some(bad)).expect_err(bad);
+            assert!(
+                err.0.contains("OUTBOXD_WEBHOOK_ALLOW_HOSTS"),
+                "{bad}: {err}"
+            );
+        }
+    }
 
     #[test]
     fn secrets() {
