@@ -1,4 +1,4 @@
--- outboxd: the live schema after every migration of sql/ (0001 … 0017), in one file.
+-- outboxd: the live schema after every migration of sql/ (0001 … 0018), in one file.
 -- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
 -- only the numbered files). tests/schema.rs loads it into an empty database and compares
 -- the catalog with a migrated one; after a new migration, regenerate it with
@@ -34,15 +34,15 @@ CREATE SCHEMA outbox;
 -- Name: approve(bigint[], text); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
-CREATE FUNCTION outbox.approve(message_ids bigint[], actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
+CREATE FUNCTION outbox.approve(ids bigint[], actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_wrong text;
 BEGIN
-    PERFORM outbox.lock_named(message_ids, 'approved');
-    v_wrong := outbox.not_in_states(message_ids, ARRAY['held']);
+    PERFORM outbox.lock_named(ids, 'approved');
+    v_wrong := outbox.not_in_states(ids, ARRAY['held']);
     IF v_wrong IS NOT NULL THEN
         RAISE EXCEPTION 'not held, so not approved: %; nothing approved', v_wrong
             USING ERRCODE = '55000';
@@ -51,11 +51,11 @@ BEGIN
     INSERT INTO outbox.attempts (message_id, attempt, worker, started_at, finished_at, outcome)
     SELECT m.id, m.attempts, coalesce(actor, current_user::text), now(), now(), 'approved'
     FROM outbox.messages m
-    WHERE m.id = ANY(message_ids);
+    WHERE m.id = ANY(ids);
 
     RETURN QUERY
     UPDATE outbox.messages m SET state = 'pending', updated_at = now()
-    WHERE m.id = ANY(message_ids)
+    WHERE m.id = ANY(ids)
     RETURNING m.id, m.message_key;
 
     PERFORM pg_notify('outbox_messages', '');
@@ -67,7 +67,7 @@ $$;
 -- Name: cancel(bigint[], text, text); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
-CREATE FUNCTION outbox.cancel(message_ids bigint[], reason text DEFAULT NULL::text, actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
+CREATE FUNCTION outbox.cancel(ids bigint[], reason text DEFAULT NULL::text, actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -92,8 +92,8 @@ BEGIN
         END IF;
     END IF;
 
-    PERFORM outbox.lock_named(message_ids, 'cancelled');
-    v_wrong := outbox.not_in_states(message_ids, ARRAY['held', 'pending', 'dead']);
+    PERFORM outbox.lock_named(ids, 'cancelled');
+    v_wrong := outbox.not_in_states(ids, ARRAY['held', 'pending', 'dead']);
     IF v_wrong IS NOT NULL THEN
         RAISE EXCEPTION 'not held, pending or dead, so not cancelled: %; nothing cancelled', v_wrong
             USING ERRCODE = '55000';
@@ -103,7 +103,7 @@ BEGIN
         (message_id, attempt, worker, started_at, finished_at, outcome, error)
     SELECT m.id, m.attempts, coalesce(actor, current_user::text), now(), now(), 'cancelled', reason
     FROM outbox.messages m
-    WHERE m.id = ANY(message_ids);
+    WHERE m.id = ANY(ids);
 
     RETURN QUERY
     UPDATE outbox.messages m SET
@@ -111,7 +111,7 @@ BEGIN
         cancelled_at = now(),
         dead_at      = NULL,
         updated_at   = now()
-    WHERE m.id = ANY(message_ids)
+    WHERE m.id = ANY(ids)
     RETURNING m.id, m.message_key;
 END
 $$;
@@ -121,20 +121,20 @@ $$;
 -- Name: confirm(bigint[], text); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
-CREATE FUNCTION outbox.confirm(message_ids bigint[], actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
+CREATE FUNCTION outbox.confirm(ids bigint[], actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_wrong text;
 BEGIN
-    PERFORM outbox.lock_named(message_ids, 'confirmed');
+    PERFORM outbox.lock_named(ids, 'confirmed');
     SELECT string_agg(format('%s (%s, %s%s)', m.id, quote_literal(m.message_key), m.state,
                              CASE WHEN m.state = 'dead' THEN ' ' || m.error_class ELSE '' END),
                       ', ' ORDER BY m.id)
     INTO v_wrong
     FROM outbox.messages m
-    WHERE m.id = ANY(message_ids)
+    WHERE m.id = ANY(ids)
       AND (m.state <> 'dead' OR m.error_class IS DISTINCT FROM 'ambiguous');
     IF v_wrong IS NOT NULL THEN
         RAISE EXCEPTION 'not dead with class ambiguous, so not confirmed: %; nothing confirmed', v_wrong
@@ -146,7 +146,7 @@ BEGIN
     SELECT m.id, m.attempts, coalesce(actor, current_user::text), now(), now(), 'confirmed',
            m.error_class, m.last_error
     FROM outbox.messages m
-    WHERE m.id = ANY(message_ids);
+    WHERE m.id = ANY(ids);
 
     RETURN QUERY
     UPDATE outbox.messages m SET
@@ -158,7 +158,7 @@ BEGIN
         dead_at      = NULL,
         delivered_at = now(),
         updated_at   = now()
-    WHERE m.id = ANY(message_ids)
+    WHERE m.id = ANY(ids)
     RETURNING m.id, m.message_key;
 END
 $$;
@@ -206,10 +206,15 @@ BEGIN
     END IF;
     IF host = '' THEN
         RETURN NULL;
-    ELSIF port = '' OR (scheme = 'http' AND port::int = 80) OR (scheme = 'https' AND port::int = 443) THEN
-        RETURN host;
+    ELSIF port <> '' AND NOT ((scheme = 'http' AND port::int = 80) OR (scheme = 'https' AND port::int = 443)) THEN
+        host := host || ':' || port::int::text;
     END IF;
-    RETURN host || ':' || port::int::text;
+    -- outbox.destinations holds names of at most 1000 characters (no host name is longer
+    -- than 253): a longer one is no name, as the worker's rule has it.
+    IF length(host) > 1000 THEN
+        RETURN NULL;
+    END IF;
+    RETURN host;
 END
 $_$;
 
@@ -688,14 +693,12 @@ BEGIN
         WHERE m.state = 'cancelled' AND m.cancelled_at < now() - older_than
         ORDER BY m.cancelled_at LIMIT batch_size FOR UPDATE SKIP LOCKED
     ), old_dead AS (
-        -- Not a dead row that holds up its ordering group: it blocks the group until it is
-        -- replayed or cancelled, and deleting it would send the next one out of order.
+        -- Not a dead row of an ordering group: it blocks its group until it is replayed
+        -- or cancelled, also for a message of the group enqueued after the purge (or
+        -- during it, not yet committed), which deleting it would send out of order.
         SELECT m.id FROM outbox.messages m
         WHERE include_dead AND m.state = 'dead' AND m.dead_at < now() - older_than
-          AND (m.ordering_key IS NULL OR NOT EXISTS (
-              SELECT 1 FROM outbox.messages e
-              WHERE e.ordering_key = m.ordering_key AND e.id > m.id
-                AND e.state IN ('pending', 'running', 'held', 'dead')))
+          AND m.ordering_key IS NULL
         ORDER BY m.dead_at LIMIT batch_size FOR UPDATE SKIP LOCKED
     ), gone AS (
         DELETE FROM outbox.messages m

@@ -714,8 +714,13 @@ pub fn destination_of_url(url: &str) -> Option<String> {
         use std::fmt::Write as _;
         let _ = write!(name, ":{p}");
     }
-    Some(name)
+    // `outbox.destinations` holds names of at most this length (no host name is longer
+    // than 253): a longer one recorded beside others failed the breakers' whole update.
+    (name.len() <= DESTINATION_MAX).then_some(name)
 }
+
+/// The longest destination name (`outbox.destinations.host`'s check, sql/0014).
+pub const DESTINATION_MAX: usize = 1000;
 
 #[cfg(test)]
 mod tests {

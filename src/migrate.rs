@@ -120,6 +120,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "replay_keeps_the_unknown",
         sql: include_str!("../sql/0017_replay_keeps_the_unknown.sql"),
     },
+    Migration {
+        version: 18,
+        name: "contract_names_and_ordered_dead",
+        sql: include_str!("../sql/0018_contract_names_and_ordered_dead.sql"),
+    },
 ];
 
 /// Why migrating failed.

@@ -1043,16 +1043,18 @@ async fn a_group_held_up_by_its_dead_head_is_logged_as_deferred_ordering() {
     );
 }
 
-/// A purge of old dead letters keeps a dead message that heads its ordering group: the
-/// contract has it block the group until it is replayed or cancelled, and deleting it sent
-/// the next message as if it had been dealt with. A dead message with nothing waiting
-/// behind it in its group goes, as any other old dead letter.
+/// A purge of old dead letters keeps every dead message of an ordering group: the contract
+/// has it block its group until it is replayed or cancelled. Deleting a dead head sent the
+/// next message of its group as if the head had been dealt with; and one with nothing
+/// behind it (sql/0017 let that one go) left its group open to a message enqueued later.
+/// A dead message without an ordering key goes, as any other old dead letter.
 #[tokio::test]
-async fn a_purge_keeps_a_dead_head_that_holds_its_group_up() {
+async fn a_purge_keeps_the_dead_of_an_ordering_group() {
     let db = TestDb::new().await;
     let c = db.client().await;
     let url = "https://example.com/h";
     for m in [
+        msg("plain:dead", url, None, 0),
         msg("held-up:head", url, Some("g"), 0),
         msg("held-up:next", url, Some("g"), 1),
         msg("alone:dead", url, Some("solo"), 0),
@@ -1062,17 +1064,22 @@ async fn a_purge_keeps_a_dead_head_that_holds_its_group_up() {
     c.batch_execute(
         "UPDATE outbox.messages SET state = 'dead', attempts = 3, error_class = 'permanent', \
          last_error = 'HTTP 410', dead_at = now() - interval '3 days' \
-         WHERE message_key IN ('held-up:head', 'alone:dead')",
+         WHERE message_key IN ('held-up:head', 'alone:dead', 'plain:dead')",
     )
     .await
     .unwrap();
     let purged: i64 = db
         .scalar("SELECT outbox.purge(interval '2 days', true)")
         .await;
-    assert_eq!(purged, 1, "only the dead message with nothing behind it");
+    assert_eq!(purged, 1, "only the dead message without an ordering key");
     assert_eq!(row(&db, "held-up:head").await.state, "dead");
+    assert_eq!(row(&db, "alone:dead").await.state, "dead");
+    // A message of the lone dead one's group, enqueued after the purge, waits for it too.
+    outboxd::enqueue(&c, &msg("alone:later", url, Some("solo"), 0))
+        .await
+        .unwrap();
     assert!(
         claim_n(&c, 10, "w").await.is_empty(),
-        "the group stays held up"
+        "both groups stay held up"
     );
 }

@@ -516,3 +516,94 @@ async fn the_application_role_enqueues_with_ordering_keys() {
     let keys: Vec<&str> = got.iter().map(|m| m.key.as_str()).collect();
     assert_eq!(keys, ["o:rust"], "one of the group, the first enqueued");
 }
+
+/// sql/0018 makes outbox.approve, cancel and confirm again, their first parameter named
+/// `ids` as the contract writes it (`outbox.cancel(ids => …, reason => …)` found no
+/// function before). A site upgrading keeps the rights its sql/grants.sql gave: the
+/// worker's role still acts, now also by name, and the application's still may not.
+#[tokio::test]
+async fn the_operators_actions_keep_their_rights_across_the_renamed_parameter() {
+    let db = TestDb::empty().await;
+    let c = db.client().await;
+    // The schema as a site had it at version 17, with its grants.
+    for m in outboxd::migrate::MIGRATIONS
+        .iter()
+        .filter(|m| m.version < 18)
+    {
+        c.batch_execute(m.sql).await.unwrap();
+    }
+    let (_roles, app, worker) = setup(&db).await;
+    let upgrade = outboxd::migrate::MIGRATIONS
+        .iter()
+        .find(|m| m.version == 18)
+        .unwrap();
+    c.batch_execute(upgrade.sql).await.unwrap();
+
+    let url = "https://example.com/h";
+    let id_of = |key: &'static str| {
+        let c = &c;
+        async move {
+            let r = c
+                .query_one(
+                    "SELECT outbox.enqueue($1, 'webhook', jsonb_build_object('url', $2::text), held => true)",
+                    &[&key, &url],
+                )
+                .await
+                .unwrap();
+            r.get::<_, i64>(0)
+        }
+    };
+    let (a, b) = (id_of("named:approve").await, id_of("named:cancel").await);
+    let w = connect(&worker).await;
+    let approved = w
+        .query(
+            "SELECT id FROM outbox.approve(ids => ARRAY[$1::bigint])",
+            &[&a],
+        )
+        .await
+        .unwrap();
+    assert_eq!(approved.len(), 1);
+    let cancelled = w
+        .query(
+            "SELECT id FROM outbox.cancel(ids => ARRAY[$1::bigint], reason => 'withdrawn')",
+            &[&b],
+        )
+        .await
+        .unwrap();
+    assert_eq!(cancelled.len(), 1);
+    c.batch_execute(
+        "UPDATE outbox.messages SET state = 'dead', attempts = 1, error_class = 'ambiguous', \
+         last_error = 'timed out', dead_at = now() WHERE message_key = 'named:approve'",
+    )
+    .await
+    .unwrap();
+    let confirmed = w
+        .query(
+            "SELECT id FROM outbox.confirm(ids => ARRAY[$1::bigint])",
+            &[&a],
+        )
+        .await
+        .unwrap();
+    assert_eq!(confirmed.len(), 1);
+    let states: Vec<String> = c
+        .query(
+            "SELECT state FROM outbox.messages WHERE message_key IN ('named:approve', 'named:cancel') ORDER BY message_key",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(states, ["delivered", "cancelled"]);
+    // The application's role still may not act for a person.
+    let app = connect(&app).await;
+    for sql in [
+        "SELECT * FROM outbox.approve(ids => ARRAY[1::bigint])",
+        "SELECT * FROM outbox.cancel(ids => ARRAY[1::bigint])",
+        "SELECT * FROM outbox.confirm(ids => ARRAY[1::bigint])",
+    ] {
+        let err = app.batch_execute(sql).await.unwrap_err();
+        assert!(denied(&err), "{sql}: {err}");
+    }
+}

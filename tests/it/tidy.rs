@@ -81,6 +81,10 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
         "0017_replay_keeps_the_unknown.sql",
         "d4d3141544a02c1558a40a2e6b339c950841ff4c638216439890eee5a415181c",
     ),
+    (
+        "0018_contract_names_and_ordered_dead.sql",
+        "3aa35ea4b2ac4fca72417392b391e409c307d442d2b787c3dea20d2b61e48d75",
+    ),
 ];
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it
