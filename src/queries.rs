@@ -36,6 +36,16 @@ pub const SESSION_SETUP: &str = "SET jit = off";
 /// Re-preparing costs one round trip a second.
 pub const CLAIM_SETUP: &str = "SET jit = off; SET plan_cache_mode = force_generic_plan";
 
+/// Run once on each connection of the console's pool: [`SESSION_SETUP`], and bounds on
+/// waiting. A page gives up after 60 s (`console::REQUEST_TIMEOUT`), but a statement it
+/// leaves goes on in the server: an action waiting for rows another transaction holds
+/// answered "timed out" and then acted when the rows came free, and held one of the
+/// console's four connections all the while. So an action waits at most 10 s for a row
+/// lock, and any statement ends within 50 s, before its page does: the transaction is
+/// rolled back and the page says the database failed.
+pub const CONSOLE_SETUP: &str =
+    "SET jit = off; SET lock_timeout = '10s'; SET statement_timeout = '50s'";
+
 /// Health probe (`GET /healthz`): succeeds while the database answers on a pooled
 /// connection. Reads nothing.
 pub const HEALTH_CHECK: &str = "SELECT 1";

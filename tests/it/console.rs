@@ -1176,3 +1176,61 @@ async fn a_payload_with_bidi_overrides_is_shown_escaped() {
     assert!(page.contains("pay \\u{202e}0001$ to\\u{2028}x"), "{page}");
     assert!(page.contains("\\u{2066}ok"), "{page}");
 }
+
+/// An action on rows another transaction holds gives up within the console's lock timeout
+/// (10 s) with an error page, and changes nothing, then or later. Before, it waited past
+/// the page's own 60 s ("timed out"), still waiting in the server, and replayed the row as
+/// soon as the other transaction let it go.
+#[tokio::test]
+async fn an_action_on_rows_held_elsewhere_gives_up_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let id = dead_email(&db, "locked:target").await;
+    let console = Console::start(&db);
+    let s = sign_in(&console, "alice").await;
+    let before = snapshot(&db).await;
+    let mut holder = db.client().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM outbox.messages WHERE id = $1 FOR UPDATE",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    let ids = id.to_string();
+    let body = form(&[
+        ("do", "replay:selected"),
+        ("id", ids.as_str()),
+        ("confirmed", "yes"),
+        ("csrf", s.csrf.as_str()),
+    ]);
+    // Longer than the 10 s the shared client waits: the answer is expected after 10 s.
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(45))
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let res = client
+        .post(console.url("/action"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", s.cookie.as_str())
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(res.status(), 503);
+    let page = res.text().await.unwrap();
+    assert!(page.contains("lock timeout"), "{}", error_line(&page));
+    assert!(took < Duration::from_secs(30), "answered after {took:?}");
+    // Nothing waits in the server any more: letting the rows go changes nothing.
+    let waiting: i64 = db
+        .scalar(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock'",
+            db.name
+        ))
+        .await;
+    assert_eq!(waiting, 0);
+    tx.rollback().await.unwrap();
+    assert_eq!(snapshot(&db).await, before);
+    assert_eq!(crate::common::row(&db, "locked:target").await.state, "dead");
+}
