@@ -305,3 +305,27 @@ async fn a_json_body_nested_too_deep_to_read_back_is_stored_as_its_text() {
     };
     assert_eq!(out.code, Some(0), "{}", out.stderr);
 }
+
+/// A body is kept as the provider sent it: a number serde_json would round (a tracking
+/// number beyond 64 bits) keeps the body as its text, not a rounded value; and a whole
+/// body whose text had to be cut (bytes that are not UTF-8 grow threefold as U+FFFD) says
+/// so. Both were stored silently changed before.
+#[tokio::test]
+async fn a_body_is_never_stored_changed_without_saying_so() {
+    let (r, _db, _rx) = stored(
+        "res:tracking",
+        Some(true),
+        Reply::Body(200, Some("text/plain"), b"9400111899223856925311".to_vec()),
+    )
+    .await;
+    assert_eq!(r["body"], json!("9400111899223856925311"));
+    assert_eq!(r["body_truncated"], json!(false));
+    let (r, _db, _rx) = stored(
+        "res:latin1",
+        Some(true),
+        Reply::Body(200, Some("text/plain"), vec![0xe9; 40_000]),
+    )
+    .await;
+    assert_eq!(r["body_truncated"], json!(true));
+    assert!(r["body"].as_str().unwrap().len() <= 64 * 1024);
+}

@@ -106,17 +106,98 @@ pub(super) async fn keep(response: &mut Response, summary: &mut Value, deadline:
 /// A JSON body nested more than [`MAX_DEPTH`] levels is kept as text too: the readers of
 /// `response` (tokio-postgres reads `jsonb` with serde_json, which stops at 128 levels)
 /// could not take it back, and `lookup` of the key would fail for good.
+///
+/// So is a JSON body with a number serde_json cannot hold exactly (an integer beyond 64
+/// bits, a decimal of more digits than a double keeps): as a value it would be stored
+/// rounded (a tracking number `9400111899223856925311` as `9400111899223857000000`), which
+/// is not what the provider answered; as text it is kept whole.
 pub fn stored(bytes: &[u8], complete: bool) -> (Value, bool) {
     let fits = bytes.len() <= MAX_BODY;
     if complete && fits {
         if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
-            if !has_nul(&v) && depth(&v) <= MAX_DEPTH {
+            if !has_nul(&v) && depth(&v) <= MAX_DEPTH && numbers_exact(bytes) {
                 return (v, false);
             }
         }
     }
-    let cut = &bytes[..bytes.len().min(MAX_BODY)];
-    (Value::String(text(cut)), !(complete && fits))
+    let (text, cut_short) = text(&bytes[..bytes.len().min(MAX_BODY)]);
+    (Value::String(text), cut_short || !(complete && fits))
+}
+
+/// Does every number of the JSON text `json` keep its value when serde_json reads it?
+/// `json` is known to be JSON (serde_json read it): a number is a run of `-+.eE` and
+/// digits outside a string.
+fn numbers_exact(json: &[u8]) -> bool {
+    let mut i = 0;
+    let mut in_string = false;
+    while i < json.len() {
+        let b = json[i];
+        if in_string {
+            match b {
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < json.len()
+                    && matches!(json[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                {
+                    i += 1;
+                }
+                if !number_exact(&json[start..i]) {
+                    return false;
+                }
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Is the number `token` (JSON text) the same value once read by serde_json (as an
+/// integer of 64 bits, or as a double, written back as the shortest text that reads back
+/// the same)?
+fn number_exact(token: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(token) else {
+        return false;
+    };
+    let Ok(read) = serde_json::from_str::<serde_json::Number>(text) else {
+        return false;
+    };
+    decimal(text) == decimal(&read.to_string())
+}
+
+/// A decimal number as its sign, its significant digits and its exponent: `-1.50e3` is
+/// `(true, "15", 2)`, and every zero is `(false, "", 0)`. `None` for an exponent beyond
+/// 64 bits.
+fn decimal(text: &str) -> Option<(bool, String, i64)> {
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], rest[at + 1..].parse::<i64>().ok()?),
+        None => (rest, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all = format!("{int}{frac}");
+    let digits = all.trim_start_matches('0').trim_end_matches('0');
+    if digits.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    let trailing = all.len() - all.trim_end_matches('0').len();
+    let exponent = exponent
+        .checked_sub(i64::try_from(frac.len()).ok()?)?
+        .checked_add(i64::try_from(trailing).ok()?)?;
+    Some((negative, digits.to_owned(), exponent))
 }
 
 /// The deepest nesting a stored JSON body keeps as a value: far more than any API's
@@ -143,8 +224,9 @@ fn has_nul(v: &Value) -> bool {
 }
 
 /// `bytes` as text of at most [`MAX_BODY`] bytes: a character cut at the end is dropped,
-/// bytes that are not UTF-8 and U+0000 become U+FFFD.
-fn text(bytes: &[u8]) -> String {
+/// bytes that are not UTF-8 and U+0000 become U+FFFD. True when the text had to be cut to
+/// fit (a replacement character takes three bytes for the one it replaces).
+fn text(bytes: &[u8]) -> (String, bool) {
     let decoded = match std::str::from_utf8(bytes) {
         Ok(s) => s.to_owned(),
         // Only an incomplete character at the very end (where the cut fell): drop it.
@@ -162,8 +244,9 @@ fn text(bytes: &[u8]) -> String {
             end -= 1;
         }
         out.truncate(end);
+        return (out, true);
     }
-    out
+    (out, false)
 }
 
 #[cfg(test)]
@@ -182,6 +265,39 @@ mod tests {
         assert_eq!(stored(b"accepted", true), (json!("accepted"), false));
         assert_eq!(stored(b"", true), (json!(""), false));
         assert_eq!(stored(b"{\"a\": ", true), (json!("{\"a\": "), false));
+    }
+
+    /// A number serde_json would round is not stored rounded: the body is kept as its
+    /// text. Numbers it holds exactly keep the body a value.
+    #[test]
+    fn json_with_numbers_a_double_cannot_hold_is_kept_as_text() {
+        for body in [
+            "9400111899223856925311",
+            r#"{"tracking": 9400111899223856925311}"#,
+            "[1, -18446744073709551616]",
+            "0.1000000000000000055511151231257827",
+            "123456789012345678.5",
+            "1e-99999999999999999999",
+        ] {
+            assert_eq!(
+                stored(body.as_bytes(), true),
+                (json!(body), false),
+                "{body}"
+            );
+        }
+        for (body, value) in [
+            ("18446744073709551615", json!(18446744073709551615u64)),
+            ("-9223372036854775808", json!(-9223372036854775808i64)),
+            (
+                r#"{"amount": 12.50, "rate": 1e-7, "z": -0.0}"#,
+                json!({"amount": 12.5, "rate": 1e-7, "z": -0.0}),
+            ),
+            ("[0, 1.10, 2E+3, 0.1]", json!([0, 1.1, 2000.0, 0.1])),
+            (r#""-1.5e300 in a string""#, json!("-1.5e300 in a string")),
+            (r#"{"k\"1": 5}"#, json!({"k\"1": 5})),
+        ] {
+            assert_eq!(stored(body.as_bytes(), true), (value, false), "{body}");
+        }
     }
 
     #[test]
@@ -244,9 +360,15 @@ mod tests {
     #[test]
     fn replacements_never_grow_past_the_limit() {
         let bad = vec![0xffu8; MAX_BODY];
-        let (v, _) = stored(&bad, true);
+        let (v, truncated) = stored(&bad, true);
         let s = v.as_str().unwrap_or_default();
         assert!(s.len() <= MAX_BODY, "{}", s.len());
         assert!(s.chars().all(|c| c == '\u{FFFD}'));
+        // The whole body arrived, but its text had to be cut: that is said (it was not).
+        assert!(truncated);
+        assert_eq!(
+            stored(&[0xff; 10], true),
+            (json!("\u{FFFD}".repeat(10)), false)
+        );
     }
 }
