@@ -16,7 +16,7 @@ use super::Shared;
 use super::destinations::Admission;
 use super::lane::{InLane, Lane};
 use crate::claim::{Claimed, Completion};
-use crate::deliver::webhook::reconcile::Lookup;
+use crate::deliver::webhook::reconcile::{Lookup, Verdict};
 use crate::deliver::{Outgoing, Ready};
 use crate::model::{Channel, ErrorClass};
 use crate::state::{Budget, DeferReason, Deferral, Ended, decide};
@@ -189,7 +189,14 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
         max_attempts: msg.max_attempts,
         retry_ambiguous: msg.retry_ambiguous,
         reconcile: msg.reconcile,
-        after_ambiguous: msg.previous_class == Some(ErrorClass::Ambiguous),
+        // Unless a lookup has just said the earlier attempt did not happen: then whatever
+        // this attempt sends or fails to send, nothing is unknown (an address the guard
+        // refuses now is `invalid`, not a question for a person).
+        after_ambiguous: msg.previous_class == Some(ErrorClass::Ambiguous)
+            && !attempted
+                .lookup
+                .as_ref()
+                .is_some_and(|l| l.verdict == Verdict::NotHappened),
     };
     let jitter: f64 = rand::random();
     let reconciled = attempted.reconciled();

@@ -742,10 +742,10 @@ async fn row_state_of(db: &TestDb, key: &str) -> String {
     crate::common::row(db, key).await.state
 }
 
-/// A lookup that takes most of the attempt's time leaves the request little: if the time
+/// A lookup that takes part of the attempt's time leaves the request less: if the time
 /// runs out while the request is still connecting, nothing was sent, and the attempt is
 /// transient, not ambiguous (which would ask a person about a request that never left).
-/// Here the lookup answers 404 after 700 ms of a 1 s attempt, and the request goes to an
+/// Here the lookup answers 404 after 300 ms of a 1 s attempt, and the request goes to an
 /// address that accepts TCP and never completes TLS.
 #[tokio::test]
 async fn time_running_out_while_connecting_after_a_lookup_is_transient() {
@@ -753,7 +753,7 @@ async fn time_running_out_while_connecting_after_a_lookup_is_transient() {
     let rx = Receiver::start().await;
     rx.script(vec![
         Reply::Stall(STALL),
-        Reply::Slow(Duration::from_millis(700), 404),
+        Reply::Slow(Duration::from_millis(300), 404),
     ]);
     // Accepts connections and says nothing: a TLS handshake never ends.
     let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -794,8 +794,13 @@ async fn time_running_out_while_connecting_after_a_lookup_is_transient() {
         ],
         "{row:?}"
     );
+    // The connection's own timeout (TCP and TLS: half the attempt's) ends it first now
+    // that a request goes only with at least half the attempt's time left.
     let err = row.last_error.unwrap();
-    assert!(err.contains("before the request"), "{err}");
+    assert!(
+        err.contains("connect timed out") || err.contains("before the request"),
+        "{err}"
+    );
     assert_eq!(calls(&rx), [POST, GET], "the lookup was made");
 }
 
@@ -827,4 +832,89 @@ async fn a_replayed_ambiguous_message_looks_up_before_sending_again() {
     w.stop().await;
     assert_eq!(calls(&rx), [POST, GET], "the lookup, and no second request");
     assert_eq!(row.response.unwrap()["reconciled"], true);
+}
+
+/// A lookup that answers 404 after most of the attempt's time leaves the request too
+/// little to be answered in: it is not sent, and the attempt is transient (the provider
+/// has just said the earlier one did not happen), so the next attempt sends at once with
+/// the whole timeout. Before, the request went out with 100 ms left, timed out, and the
+/// message went round ambiguous, looking up again, as if nothing were known.
+#[tokio::test]
+async fn a_lookup_that_leaves_too_little_time_is_followed_by_a_plain_attempt() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script(vec![
+        Reply::Stall(STALL),
+        Reply::Slow(Duration::from_millis(900), 404),
+        Reply::Slow(Duration::from_millis(300), 200),
+        Reply::Status(200),
+    ]);
+    let key = "rec:slow-lookup";
+    enqueue(&db, key, payload(&rx), 3, true).await;
+    let cfg = WebhookConfig {
+        timeout: Duration::from_secs(1),
+        ..test_webhook_config()
+    };
+    let w = RunningWorker::start(&db, test_worker_config("w"), cfg);
+    wait_until(WAIT, "the message delivered or dead", || async {
+        matches!(row_state_of(&db, key).await.as_str(), "delivered" | "dead")
+    })
+    .await;
+    w.stop().await;
+    let row = crate::common::row(&db, key).await;
+    assert_eq!(row.state, "delivered", "{row:?}");
+    assert_eq!(calls(&rx), [POST, GET, POST]);
+    let history = attempts(&db, key).await;
+    assert_eq!(
+        history
+            .iter()
+            .map(|a| (a.1.as_str(), a.2.as_deref()))
+            .collect::<Vec<_>>(),
+        [
+            ("retry", Some("ambiguous")),
+            ("retry", Some("transient")),
+            ("delivered", None)
+        ],
+        "{history:?}"
+    );
+}
+
+/// After a lookup has said the earlier attempt did not happen (404), a request the guard
+/// refuses (its name now resolves to a private address) is `invalid`, dead at once, as
+/// for any message: nothing is unknown. Before, it counted as ambiguous, and the message
+/// went round looking up again, to end dead `ambiguous`, for a person to settle what the
+/// provider had already answered.
+#[tokio::test]
+async fn a_refused_request_after_a_404_lookup_is_invalid_not_ambiguous() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script(vec![Reply::Status(404)]);
+    let key = "rec:404-refused";
+    let port = rx.addr.port();
+    enqueue(
+        &db,
+        key,
+        json!({
+            "url": format!("http://localhost:{port}/hook"),
+            "reconcile": {"url": format!("http://127.0.0.1:{port}{LOOKUP_PATH}")},
+        }),
+        3,
+        true,
+    )
+    .await;
+    claim_and_abandon(&db).await;
+    let cfg = WebhookConfig {
+        timeout: Duration::from_millis(500),
+        signing: Default::default(),
+        destinations: DestinationPolicy {
+            allow_private_networks: false,
+            allow_hosts: HashSet::from(["127.0.0.1".to_owned()]),
+        },
+    };
+    let w = RunningWorker::start(&db, test_worker_config("w"), cfg);
+    let row = wait_for_state(&db, key, "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(row.error_class.as_deref(), Some("invalid"), "{row:?}");
+    assert_eq!(row.attempts, 2, "the abandoned attempt and this one");
+    assert_eq!(calls(&rx), [GET], "one lookup, and no request");
 }

@@ -139,7 +139,7 @@ impl WebhookSender {
                 return Err(blocked).into();
             }
         }
-        let result = self.request(p, deadline).await;
+        let result = self.request(p, deadline, lookup.is_some()).await;
         Attempted { result, lookup }
     }
 
@@ -183,14 +183,17 @@ impl WebhookSender {
 
     /// A reconcile URL naming a host whose every address the guard refuses: `invalid`
     /// before the request is sent (the lookup it would need later could never be made).
-    /// The name lookup counts against the attempt's timeout; one that does not answer in
-    /// time proves nothing, and the request goes ahead (the lookup, if ever needed, is
-    /// checked on its own connection).
+    /// The name lookup is a courtesy, not the boundary: it may take a tenth of the
+    /// attempt's timeout, no more (a slow resolver took the request's time, which then
+    /// timed out, ambiguous); one that does not answer in time proves nothing, and the
+    /// request goes ahead (the lookup, if ever needed, is checked on its own connection).
     async fn refused_early(&self, url: &url::Url, deadline: Instant) -> Option<DeliveryError> {
         let Some(url::Host::Domain(host)) = url.host() else {
             return None;
         };
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .min(self.timeout / 10);
         let blocked = tokio::time::timeout(left, self.resolver.refuses(host))
             .await
             .ok()??;
@@ -216,19 +219,28 @@ impl WebhookSender {
     }
 
     /// Sends the request itself, within what is left of the attempt's timeout.
+    ///
+    /// After a lookup (`after_lookup`: it answered 404 or 410, so the earlier attempt did
+    /// not take effect) that took more than half the timeout, the request is not sent: in
+    /// the time left, a provider that is slow but well would answer too late, and the
+    /// attempt would end ambiguous, for a person to settle, although the provider had
+    /// just said nothing happened. Nothing was sent, so the attempt is transient; the next
+    /// one sends at once, with the whole timeout (a transient attempt is not followed by
+    /// a lookup).
     async fn request(
         &self,
         mut p: Prepared<'_>,
         deadline: Instant,
+        after_lookup: bool,
     ) -> Result<Delivered, DeliveryError> {
         let host = host_of(&p.req.url);
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            // Only after a lookup that took the whole timeout and then answered 404/410:
-            // nothing was sent, and the provider said the earlier attempt did not happen.
+        if left.is_zero() || (after_lookup && left < self.timeout / 2) {
             return Err(DeliveryError::new(
                 ErrorClass::Transient,
-                format!("no time left to send to {host} after the reconciliation lookup"),
+                format!(
+                    "too little time left to send to {host} after the reconciliation lookup; the next attempt sends it"
+                ),
             ));
         }
         // The request is the last use of the payload's headers: moved, not copied.
