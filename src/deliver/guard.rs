@@ -149,7 +149,7 @@ impl Guard {
             || self
                 .policy
                 .allow_hosts
-                .contains(&super::webhook::settings::without_brackets_or_dot(host))
+                .contains(&super::webhook::settings::without_brackets(host))
     }
 
     /// May a request go to this address?

@@ -65,11 +65,13 @@ impl DestinationPolicy {
 }
 
 /// An allow-list entry in the form the URL parser gives a URL's host, which is what it is
-/// matched against ([`crate::deliver::guard::Guard::host_exempt`]): an international name
-/// in its ASCII form (`bücher.example` → `xn--bcher-kva.example`), lower case, an IP
-/// address written the one way (`127.000.000.001` → `127.0.0.1`, `0:0:0:0:0:0:0:1` → `::1`),
-/// without brackets or a trailing dot. Written as they were, such entries were accepted
-/// and never matched. `None` for what is no host.
+/// matched against ([`crate::deliver::guard::Guard::host_exempt`]), exactly: an
+/// international name in its ASCII form (`bücher.example` → `xn--bcher-kva.example`),
+/// lower case, an IPv6 address written the one way (`0:0:0:0:0:0:0:1` → `::1`), without
+/// brackets. Written otherwise, such entries were accepted and never matched. `None` for
+/// what is no host, and for an IPv4 address not written as four decimal numbers: the URL
+/// parser reads `010` as octal (`192.168.010.010` is 192.168.8.8), so such an entry would
+/// exempt another address than the one its writer meant.
 pub(crate) fn allow_entry(h: &str) -> Option<String> {
     let host = if h.contains(':') {
         url::Host::parse(&format!("[{h}]"))
@@ -77,14 +79,17 @@ pub(crate) fn allow_entry(h: &str) -> Option<String> {
         url::Host::parse(h)
     }
     .ok()?;
-    Some(without_brackets_or_dot(&host.to_string()))
+    if matches!(host, url::Host::Ipv4(_)) && h.parse::<std::net::Ipv4Addr>().is_err() {
+        return None;
+    }
+    Some(without_brackets(&host.to_string()))
 }
 
-/// A URL's host as [`allow_entry`] keeps it: no IPv6 brackets, no trailing dot (`a.example.`
-/// names the same host as `a.example`), lower case.
-pub(crate) fn without_brackets_or_dot(host: &str) -> String {
-    let h = host.trim_start_matches('[').trim_end_matches(']');
-    h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase()
+/// A URL's host as [`allow_entry`] keeps it: no IPv6 brackets, lower case.
+pub(crate) fn without_brackets(host: &str) -> String {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase()
 }
 
 /// Settings of webhook delivery.
@@ -249,7 +254,7 @@ mod tests {
     fn allow_list_entries_are_written_as_url_hosts() {
         let policy = DestinationPolicy::from_values(
             None,
-            Some("BÜCHER.example, 127.000.000.001, 0:0:0:0:0:0:0:1, [::FFFF:127.0.0.1], hooks.internal., Api.Example.COM"),
+            Some("BÜCHER.example, 127.0.0.1, 0:0:0:0:0:0:0:1, [::FFFF:127.0.0.1], hooks.internal, Api.Example.COM, absolute.example."),
         )
         .expect("every entry is a host");
         let mut got: Vec<&str> = policy.allow_hosts.iter().map(String::as_str).collect();
@@ -260,12 +265,27 @@ mod tests {
                 "127.0.0.1",
                 "::1",
                 "::ffff:7f00:1",
+                "absolute.example.",
                 "api.example.com",
                 "hooks.internal",
                 "xn--bcher-kva.example"
             ]
         );
-        for bad in ["a b", "x/y", "u@h", "1:2:3", "exa mple.com", "ex%00ample"] {
+        // An IPv4 address the URL parser would read otherwise than its writer meant:
+        // 010 is octal there (192.168.010.010 is 192.168.8.8), 1 is 0.0.0.1.
+        for bad in [
+            "a b",
+            "x/y",
+            "u@h",
+            "1:2:3",
+            "exa mple.com",
+            "ex%00ample",
+            "192.168.010.010",
+            "127.000.000.001",
+            "0x7f.1",
+            "1",
+            "10.0.0.09",
+        ] {
             let err = DestinationPolicy::from_values(None, Some(bad)).expect_err(bad);
             assert!(
                 err.0.contains("OUTBOXD_WEBHOOK_ALLOW_HOSTS"),
