@@ -39,10 +39,10 @@ pub const CLAIM_SETUP: &str = "SET jit = off; SET plan_cache_mode = force_generi
 /// Run once on each connection of the console's pool: [`SESSION_SETUP`], and bounds on
 /// waiting. A page gives up after 60 s (`console::REQUEST_TIMEOUT`), but a statement it
 /// leaves goes on in the server: an action waiting for rows another transaction holds
-/// answered "timed out" and then acted when the rows came free, and held one of the
-/// console's four connections all the while. So an action waits at most 10 s for a row
-/// lock, and any statement ends within 50 s, before its page does: the transaction is
-/// rolled back and the page says the database failed.
+/// answered only "timed out" (its transaction rolled back once the statement ended), and
+/// held one of the console's four connections all the while. So an action waits at most
+/// 10 s for a row lock, and any statement ends within 50 s, before its page does: the
+/// page then says which (a lock or a statement timeout) and that the database refused.
 pub const CONSOLE_SETUP: &str =
     "SET jit = off; SET lock_timeout = '10s'; SET statement_timeout = '50s'";
 

@@ -171,9 +171,17 @@ pub(crate) async fn lookup(
     }
     let target = Target::parse(arg);
     let c = client(&app).await?;
-    let (found, _) = crate::ops::resolve(&**c, std::slice::from_ref(&target))
+    let (mut found, _) = crate::ops::resolve(&**c, std::slice::from_ref(&target))
         .await
         .map_err(|e| Failure::db(&e))?;
+    // Digits are an id first, as on the command line; but the console has one box for
+    // both, and a key of digits only (an order number) could not be found at all. When no
+    // message has that id, the digits are looked up as a key.
+    if found.is_empty() && matches!(target, Target::Id(_)) {
+        (found, _) = crate::ops::resolve(&**c, &[Target::Key(arg.to_owned())])
+            .await
+            .map_err(|e| Failure::db(&e))?;
+    }
     match found.first() {
         Some((id, _)) => Ok(Redirect::to(&format!("/message/{id}")).into_response()),
         None => Err(Failure::NotFound(format!(

@@ -894,6 +894,17 @@ async fn dead_letters_page_by_fifty_and_filter_by_class_and_age() {
         res.headers()["location"],
         format!("/message/{old}").as_str()
     );
+    // A key of digits only (an order number): digits name an id first, and when no
+    // message has that id, a key. (It could not be looked up at all before.)
+    let digits = dead_email(&db, "202612070042").await;
+    let res = get(&console.url("/lookup?q=202612070042"), &s.cookie).await;
+    assert_eq!(res.status(), 303);
+    assert_eq!(
+        res.headers()["location"],
+        format!("/message/{digits}").as_str()
+    );
+    let res = get(&console.url("/lookup?q=202612070043"), &s.cookie).await;
+    assert_eq!(res.status(), 404);
 }
 
 /// Without a token the console trusts loopback; a page elsewhere must not borrow that
@@ -1178,9 +1189,9 @@ async fn a_payload_with_bidi_overrides_is_shown_escaped() {
 }
 
 /// An action on rows another transaction holds gives up within the console's lock timeout
-/// (10 s) with an error page, and changes nothing, then or later. Before, it waited past
-/// the page's own 60 s ("timed out"), still waiting in the server, and replayed the row as
-/// soon as the other transaction let it go.
+/// (10 s) with an error page that says so, and changes nothing, then or later. Before, it
+/// waited past the page's own 60 s and answered "timed out", its statement still waiting
+/// in the server and holding one of the console's connections.
 #[tokio::test]
 async fn an_action_on_rows_held_elsewhere_gives_up_and_changes_nothing() {
     let db = TestDb::new().await;
