@@ -6,9 +6,12 @@
 --    named it `message_ids`, so a call by name as the contract writes it
 --    (`outbox.cancel(ids => …, reason => …)`) found no function (42883). A parameter cannot
 --    be renamed in place, so the three are dropped and made again, bodies unchanged but for
---    the name, and the EXECUTE rights granted on them are carried over (as sql/0012 does):
---    a role that could approve, cancel or confirm before this migration still can after it.
---    Calls by position, the command line's and the console's, are unchanged.
+--    the name, and the EXECUTE rights granted on them are carried over exactly: a role
+--    that could approve, cancel or confirm before this migration still can after it (with
+--    the grant option if it had it), and no other can, whatever default privileges the
+--    schema has (CREATE FUNCTION applies them; they are taken back). The errors of a NULL
+--    list name `ids` too (outbox.lock_named, which the three share). Calls by position,
+--    the command line's and the console's, are unchanged.
 --
 -- 2. outbox.purge with include_dead kept a dead row of an ordering group only while a later
 --    message of its group was already there (sql/0017). A message of the group enqueued
@@ -26,7 +29,7 @@
 
 -- The EXECUTE rights granted on the functions replaced below, to grant them again.
 CREATE TEMPORARY TABLE outbox_0018_rights AS
-SELECT p.proname::text AS fn, a.grantee
+SELECT p.proname::text AS fn, a.grantee, a.is_grantable
 FROM pg_catalog.pg_proc p, LATERAL pg_catalog.aclexplode(p.proacl) a
 WHERE p.oid IN ('outbox.approve(bigint[], text)'::pg_catalog.regprocedure,
                 'outbox.cancel(bigint[], text, text)'::pg_catalog.regprocedure,
@@ -160,25 +163,36 @@ END
 $$;
 
 
--- Operators only (sql/grants.sql grants them to outbox_worker), as sql/0009 had them.
-REVOKE EXECUTE ON FUNCTION outbox.approve(bigint[], text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION outbox.cancel(bigint[], text, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION outbox.confirm(bigint[], text) FROM PUBLIC;
-
--- The rights carried over.
+-- Operators only (sql/grants.sql grants them to outbox_worker), as sql/0009 had them:
+-- PUBLIC's default EXECUTE, and anything the schema's default privileges granted as the
+-- functions were made, is taken back; then the rights captured above are granted again.
 DO $$
 DECLARE
+    f text;
     r record;
 BEGIN
-    FOR r IN SELECT fn, grantee FROM outbox_0018_rights ORDER BY fn, grantee LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s',
+    FOREACH f IN ARRAY ARRAY['outbox.approve(bigint[], text)', 'outbox.cancel(bigint[], text, text)',
+                             'outbox.confirm(bigint[], text)'] LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+        FOR r IN SELECT DISTINCT a.grantee
+                 FROM pg_catalog.pg_proc p, LATERAL pg_catalog.aclexplode(p.proacl) a
+                 WHERE p.oid = f::pg_catalog.regprocedure AND a.grantee <> p.proowner
+                   AND a.grantee <> 0 LOOP
+            EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM %s CASCADE', f,
+                pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(r.grantee)));
+        END LOOP;
+    END LOOP;
+    FOR r IN SELECT fn, grantee, bool_or(is_grantable) AS grantable
+             FROM outbox_0018_rights GROUP BY fn, grantee ORDER BY fn, grantee LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s',
             CASE r.fn
                 WHEN 'approve' THEN 'outbox.approve(bigint[], text)'
                 WHEN 'cancel' THEN 'outbox.cancel(bigint[], text, text)'
                 ELSE 'outbox.confirm(bigint[], text)'
             END,
             CASE WHEN r.grantee = 0 THEN 'PUBLIC'
-                 ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(r.grantee)) END);
+                 ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(r.grantee)) END,
+            CASE WHEN r.grantable THEN ' WITH GRANT OPTION' ELSE '' END);
     END LOOP;
 END
 $$;
@@ -276,3 +290,32 @@ BEGIN
     RETURN host;
 END
 $_$;
+
+
+-- The three actions' shared first step: its errors name the actions' parameter, `ids`.
+CREATE OR REPLACE FUNCTION outbox.lock_named(message_ids bigint[], verb text) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_missing text;
+BEGIN
+    IF message_ids IS NULL THEN
+        RAISE EXCEPTION 'ids must not be null; nothing %', verb
+            USING ERRCODE = '22023', COLUMN = 'ids';
+    END IF;
+    IF array_position(message_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'ids must not contain null; nothing %', verb
+            USING ERRCODE = '22023', COLUMN = 'ids';
+    END IF;
+
+    PERFORM 1 FROM outbox.messages m WHERE m.id = ANY(message_ids) ORDER BY m.id FOR UPDATE;
+
+    SELECT string_agg(DISTINCT x::text, ', ') INTO v_missing
+    FROM unnest(message_ids) AS x
+    WHERE NOT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.id = x);
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'no message with id %; nothing %', v_missing, verb USING ERRCODE = 'P0002';
+    END IF;
+END
+$$;

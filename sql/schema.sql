@@ -440,12 +440,12 @@ DECLARE
     v_missing text;
 BEGIN
     IF message_ids IS NULL THEN
-        RAISE EXCEPTION 'message_ids must not be null; nothing %', verb
-            USING ERRCODE = '22023', COLUMN = 'message_ids';
+        RAISE EXCEPTION 'ids must not be null; nothing %', verb
+            USING ERRCODE = '22023', COLUMN = 'ids';
     END IF;
     IF array_position(message_ids, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'message_ids must not contain null; nothing %', verb
-            USING ERRCODE = '22023', COLUMN = 'message_ids';
+        RAISE EXCEPTION 'ids must not contain null; nothing %', verb
+            USING ERRCODE = '22023', COLUMN = 'ids';
     END IF;
 
     PERFORM 1 FROM outbox.messages m WHERE m.id = ANY(message_ids) ORDER BY m.id FOR UPDATE;

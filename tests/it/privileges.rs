@@ -532,12 +532,49 @@ async fn the_operators_actions_keep_their_rights_across_the_renamed_parameter() 
     {
         c.batch_execute(m.sql).await.unwrap();
     }
-    let (_roles, app, worker) = setup(&db).await;
+    let (roles, app, worker) = setup(&db).await;
+    let (app_group, worker_group) = (&roles.names[2], &roles.names[3]);
+    // A site's own touches: the worker's group may pass approve on; and default
+    // privileges that would give every new function to the application's group.
+    c.batch_execute(&format!(
+        "GRANT EXECUTE ON FUNCTION outbox.approve(bigint[], text) TO {worker_group} WITH GRANT OPTION; \
+         ALTER DEFAULT PRIVILEGES IN SCHEMA outbox GRANT EXECUTE ON FUNCTIONS TO {app_group}"
+    ))
+    .await
+    .unwrap();
     let upgrade = outboxd::migrate::MIGRATIONS
         .iter()
         .find(|m| m.version == 18)
         .unwrap();
     c.batch_execute(upgrade.sql).await.unwrap();
+    let grantable: bool = db
+        .scalar(&format!(
+            "SELECT a.is_grantable FROM pg_proc p, aclexplode(p.proacl) a \
+             WHERE p.oid = 'outbox.approve(bigint[], text)'::regprocedure \
+               AND a.grantee = '{worker_group}'::regrole"
+        ))
+        .await;
+    assert!(grantable, "the grant option was carried over");
+    for f in [
+        "outbox.approve(bigint[], text)",
+        "outbox.cancel(bigint[], text, text)",
+        "outbox.confirm(bigint[], text)",
+    ] {
+        let (app_may, worker_may): (bool, bool) = {
+            let r = c
+                .query_one(
+                    &format!(
+                        "SELECT has_function_privilege('{app_group}', '{f}', 'EXECUTE'), \
+                                has_function_privilege('{worker_group}', '{f}', 'EXECUTE')"
+                    ),
+                    &[],
+                )
+                .await
+                .unwrap();
+            (r.get(0), r.get(1))
+        };
+        assert_eq!((app_may, worker_may), (false, true), "{f}");
+    }
 
     let url = "https://example.com/h";
     let id_of = |key: &'static str| {
@@ -596,7 +633,14 @@ async fn the_operators_actions_keep_their_rights_across_the_renamed_parameter() 
         .map(|r| r.get(0))
         .collect();
     assert_eq!(states, ["delivered", "cancelled"]);
-    // The application's role still may not act for a person.
+    // The application's role still may not act for a person (the default privileges were
+    // taken back from the functions made again), and a NULL list names `ids`.
+    let err = w
+        .batch_execute("SELECT * FROM outbox.approve(ids => NULL)")
+        .await
+        .unwrap_err();
+    let e = err.as_db_error().unwrap();
+    assert_eq!((e.code().code(), e.column()), ("22023", Some("ids")), "{e}");
     let app = connect(&app).await;
     for sql in [
         "SELECT * FROM outbox.approve(ids => ARRAY[1::bigint])",

@@ -83,7 +83,7 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
     ),
     (
         "0018_contract_names_and_ordered_dead.sql",
-        "3aa35ea4b2ac4fca72417392b391e409c307d442d2b787c3dea20d2b61e48d75",
+        "257f8350c87ae0f259631981653a5d15720e94125e21536f604e45aa5b283867",
     ),
 ];
 
