@@ -55,7 +55,7 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct DestinationsArgs {
     /// Print JSON.
-    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub json: bool,
     /// Close this destination's circuit by hand (`host` or `host:port`, as listed); its
     /// held-back messages are due again at once.
@@ -124,7 +124,7 @@ pub struct DeadArgs {
     #[arg(long, env = "OUTBOXD_LIMIT", default_value_t = 50)]
     pub limit: i64,
     /// Print JSON (an array).
-    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub json: bool,
 }
 
@@ -135,7 +135,7 @@ pub struct ShowArgs {
     #[arg(value_name = "ID|KEY")]
     pub target: String,
     /// Print JSON.
-    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub json: bool,
 }
 
@@ -149,13 +149,13 @@ pub struct ReplayArgs {
     #[arg(value_name = "ID|KEY")]
     pub targets: Vec<String>,
     /// Replay every dead letter matching the filters.
-    #[arg(long, env = "OUTBOXD_ALL_DEAD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    #[arg(long, env = "OUTBOXD_ALL_DEAD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub all_dead: bool,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub filter: DeadFilterArgs,
     /// Say what would be replayed, change nothing.
-    #[arg(long, env = "OUTBOXD_DRY_RUN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    #[arg(long, env = "OUTBOXD_DRY_RUN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub dry_run: bool,
     /// Which of the selection's flags were typed on the command line, not taken from
     /// their variables ([`ReplayArgs::note_sources`]); when not noted (a caller that parsed
@@ -201,7 +201,7 @@ pub struct HeldArgs {
     #[arg(long, env = "OUTBOXD_LIMIT", default_value_t = 50)]
     pub limit: i64,
     /// Print JSON (an array).
-    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub json: bool,
 }
 
@@ -231,7 +231,7 @@ pub struct PurgeArgs {
     #[arg(long, env = "OUTBOXD_OLDER_THAN", value_parser = parse_duration, value_name = "DURATION")]
     pub older_than: Duration,
     /// Also delete dead letters (by dead_at).
-    #[arg(long, env = "OUTBOXD_INCLUDE_DEAD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    #[arg(long, env = "OUTBOXD_INCLUDE_DEAD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub include_dead: bool,
 }
 
@@ -313,7 +313,7 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOXD_WEBHOOK_RATE_LIMITS", value_name = "LIST")]
     pub webhook_rate_limits: Option<String>,
     /// Exit once no message of this worker's channels is pending or running.
-    #[arg(long, env = "OUTBOXD_DRAIN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    #[arg(long, env = "OUTBOXD_DRAIN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub drain: bool,
     /// Consecutive transient or ambiguous failures to one host that open its circuit (0: off).
     #[arg(
@@ -348,10 +348,10 @@ pub struct EnqueueArgs {
     #[arg(long, env = "OUTBOXD_MAX_ATTEMPTS", default_value_t = 3)]
     pub max_attempts: i32,
     /// Never retry an attempt whose outcome is unknown.
-    #[arg(long, env = "OUTBOXD_NO_RETRY_AMBIGUOUS", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    #[arg(long, env = "OUTBOXD_NO_RETRY_AMBIGUOUS", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub no_retry_ambiguous: bool,
     /// Hold it for a person's approval (`outboxd approve`); not sent until then.
-    #[arg(long, env = "OUTBOXD_HELD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    #[arg(long, env = "OUTBOXD_HELD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub held: bool,
     /// Send it in order with the other messages of this ordering key: one at a time, in id
     /// order (1..255 characters, no control characters).
@@ -378,7 +378,7 @@ impl std::fmt::Debug for EnqueueArgs {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// Print JSON.
-    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub json: bool,
 }
 

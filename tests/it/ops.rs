@@ -821,3 +821,33 @@ async fn selection_flags_from_the_environment_yield_to_named_messages() {
     let out = run(&[], &["dead"]);
     assert!(out.stdout.contains("env:2"), "{}", out.stdout);
 }
+
+/// A true/false flag takes a value only after `=`: typed before an id or key
+/// (`outboxd show --json KEY`, `outboxd replay --dry-run ID`), it used to take the id or
+/// key as its value (exit 2, "invalid value 'order:1' for '--json'").
+#[tokio::test]
+async fn a_flag_before_an_id_or_key_does_not_take_it_as_its_value() {
+    let db = TestDb::new().await;
+    enqueue_webhook(&db, "flag:1", "https://example.com/h", 3, true).await;
+    kill(&db, "flag:1", "permanent", "1 hour").await;
+    let id: i64 = db
+        .scalar("SELECT id FROM outbox.messages WHERE message_key = 'flag:1'")
+        .await;
+    let (code, out, err) = cli(&db, &["show", "--json", "flag:1"]);
+    assert_eq!(code, 0, "{err}");
+    let shown: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["message_key"], "flag:1");
+    let (code, out, err) = cli(&db, &["replay", "--dry-run", &id.to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains('1'), "{out}");
+    assert_eq!(common::row(&db, "flag:1").await.state, "dead", "a dry run");
+    // A value still goes after `=`.
+    let (code, out, err) = cli(&db, &["show", "--json=false", "flag:1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&out).is_err(),
+        "{out}"
+    );
+    let (code, _, err) = cli(&db, &["replay", "--dry-run=maybe", "flag:1"]);
+    assert_eq!(code, 2, "{err}");
+}
