@@ -922,6 +922,20 @@ pub async fn close_destination<C: GenericClient>(
     }
 }
 
+/// The destinations of `host` (named without a port) on every port it was reached at:
+/// `127.0.0.1` finds `127.0.0.1:8080` and `127.0.0.1:9090`.
+pub async fn destinations_of_host<C: GenericClient>(
+    client: &C,
+    host: &str,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    Ok(client
+        .query(queries::DESTINATIONS_OF_HOST, &[&host])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
 /// Rows moved per statement when a closed host's backlog comes back.
 const RESTORE_BATCH: i64 = 5000;
 

@@ -889,6 +889,14 @@ FROM o WHERE d.host = o.host
 RETURNING o.deferred_until
 "#;
 
+/// `destinations --close HOST` given a host without a port: the destinations of that host
+/// on any port (`host:port`, as the breakers name them), by name.
+pub const DESTINATIONS_OF_HOST: &str = r#"
+SELECT host FROM outbox.destinations
+WHERE starts_with(host, $1::text || ':') AND substr(host, length($1::text) + 2) ~ '^[0-9]{1,5}$'
+ORDER BY host
+"#;
+
 /// Status and metrics: destinations whose circuit is not closed.
 pub const OPEN_DESTINATIONS: &str =
     "SELECT count(*)::bigint FROM outbox.destinations WHERE state <> 'closed'";

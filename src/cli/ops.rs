@@ -383,16 +383,31 @@ pub(super) async fn destinations(args: DestinationsArgs, env: &Env) -> Result<()
         let closed = crate::ops::close_destination(&client, host)
             .await
             .map_err(|e| db_failed("closing the destination failed", &e))?;
-        return match closed {
-            Some(n) => {
-                out!("closed {}: {n} held-back messages due again", esc(host));
-                Ok(())
-            }
-            None => Err(CliError::Refused(format!(
+        if let Some(n) = closed {
+            out!("closed {}: {n} held-back messages due again", esc(host));
+            return Ok(());
+        }
+        // A host named without its port (the contract's `--close HOST`): every destination
+        // of that host, whichever port it was reached at.
+        let named = crate::ops::destinations_of_host(&client, host)
+            .await
+            .map_err(|e| db_failed("closing the destination failed", &e))?;
+        if named.is_empty() {
+            return Err(CliError::Refused(format!(
                 "no destination {} is known (outboxd destinations lists them)",
                 esc(host)
-            ))),
-        };
+            )));
+        }
+        for name in named {
+            // Gone meanwhile (closed by another operator and forgotten): nothing to do.
+            let closed = crate::ops::close_destination(&client, &name)
+                .await
+                .map_err(|e| db_failed("closing the destination failed", &e))?;
+            if let Some(n) = closed {
+                out!("closed {}: {n} held-back messages due again", esc(&name));
+            }
+        }
+        return Ok(());
     }
     let rows = crate::ops::destinations(&client)
         .await

@@ -459,6 +459,53 @@ async fn an_open_host_with_a_deep_backlog_does_not_make_the_claim_spin() {
     assert_eq!(unknown.stderr_lines().len(), 1, "{}", unknown.stderr);
 }
 
+/// `outboxd destinations --close HOST` (the contract's words) closes a host named without
+/// its port on every port it was reached at: breakers are kept per host and port, and the
+/// bare host used to be refused ("no destination 127.0.0.1 is known"). A name that only
+/// begins like it is left alone.
+#[tokio::test]
+async fn close_with_a_bare_host_closes_it_on_every_port() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "INSERT INTO outbox.destinations (host, state, consecutive_failures, cooldown_seconds, open_until) VALUES \
+         ('127.0.0.1:18777', 'open', 10, 30, now() + interval '1 hour'), \
+         ('127.0.0.1:9090', 'open', 10, 30, now() + interval '1 hour'), \
+         ('127.0.0.10:18777', 'open', 10, 30, now() + interval '1 hour'), \
+         ('[::1]:8443', 'open', 10, 30, now() + interval '1 hour')",
+    )
+    .await
+    .unwrap();
+    let close = |host: &'static str| {
+        let url = db.url();
+        tokio::task::spawn_blocking(move || {
+            run(outboxd(Some(&url)).args(["destinations", "--close", host]))
+        })
+    };
+    let out = close("127.0.0.1").await.unwrap();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout.contains("closed 127.0.0.1:18777"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("closed 127.0.0.1:9090"),
+        "{}",
+        out.stdout
+    );
+    let out = close("[::1]").await.unwrap();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let open: Vec<String> = first_column(
+        &c,
+        "SELECT host FROM outbox.destinations WHERE state = 'open' ORDER BY host",
+    )
+    .await;
+    assert_eq!(open, ["127.0.0.10:18777"]);
+    let out = close("127.0.0").await.unwrap();
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+}
+
 /// `queries::BREAKER_RECORD` writes what `Circuit::after` says, on every state, count and
 /// batch (and for a destination seen for the first time).
 #[tokio::test]
