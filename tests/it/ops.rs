@@ -663,8 +663,9 @@ async fn control_characters_in_keys_are_escaped_in_logs_and_text_output() {
     check("replay stdout", &out);
     check("replay stderr", &err);
     // A usage error echoes the argument: escaped too.
-    let (code, _, err) = cli(&db, &["replay", "--dry-run", &dead_key]);
+    let (code, _, err) = cli(&db, &["replay", &format!("--dry-run={dead_key}")]);
     assert_eq!(code, 2, "{err}");
+    assert!(err.contains("ctl:2"), "the argument is echoed: {err}");
     check("usage error stderr", &err);
     // A refusal names the key on stderr: escaped too.
     c.execute(
