@@ -120,8 +120,9 @@ pub fn stored(bytes: &[u8], complete: bool) -> (Value, bool) {
             }
         }
     }
-    let (text, cut_short) = text(&bytes[..bytes.len().min(MAX_BODY)]);
-    (Value::String(text), cut_short || !(complete && fits))
+    let whole = complete && fits;
+    let (text, cut_short) = text(&bytes[..bytes.len().min(MAX_BODY)], whole);
+    (Value::String(text), cut_short || !whole)
 }
 
 /// Does every number of the JSON text `json` keep its value when serde_json reads it?
@@ -223,14 +224,16 @@ fn has_nul(v: &Value) -> bool {
     }
 }
 
-/// `bytes` as text of at most [`MAX_BODY`] bytes: a character cut at the end is dropped,
-/// bytes that are not UTF-8 and U+0000 become U+FFFD. True when the text had to be cut to
-/// fit (a replacement character takes three bytes for the one it replaces).
-fn text(bytes: &[u8]) -> (String, bool) {
+/// `bytes` as text of at most [`MAX_BODY`] bytes: a character cut at the end of a body
+/// that was cut (not `whole`) is dropped, bytes that are not UTF-8 and U+0000 become
+/// U+FFFD. True when the text had to be cut to fit (a replacement character takes three
+/// bytes for the one it replaces).
+fn text(bytes: &[u8], whole: bool) -> (String, bool) {
     let decoded = match std::str::from_utf8(bytes) {
         Ok(s) => s.to_owned(),
-        // Only an incomplete character at the very end (where the cut fell): drop it.
-        Err(e) if e.error_len().is_none() => {
+        // An incomplete character at the very end, where the cut fell: drop it. (At the
+        // end of a whole body it is the provider's, and shown as U+FFFD below.)
+        Err(e) if e.error_len().is_none() && !whole => {
             String::from_utf8_lossy(&bytes[..e.valid_up_to()]).into_owned()
         }
         Err(_) => String::from_utf8_lossy(bytes).into_owned(),
@@ -293,6 +296,12 @@ mod tests {
                 json!({"amount": 12.5, "rate": 1e-7, "z": -0.0}),
             ),
             ("[0, 1.10, 2E+3, 0.1]", json!([0, 1.1, 2000.0, 0.1])),
+            // Read one step off its text without serde_json's float_roundtrip, and then
+            // kept as text: an everyday double must stay a value.
+            (
+                r#"{"score": 0.9788705789462011, "x": -908026.2059720843}"#,
+                json!({"score": 0.9788705789462011, "x": -908026.2059720843}),
+            ),
             (r#""-1.5e300 in a string""#, json!("-1.5e300 in a string")),
             (r#"{"k\"1": 5}"#, json!({"k\"1": 5})),
         ] {
@@ -370,5 +379,7 @@ mod tests {
             stored(&[0xff; 10], true),
             (json!("\u{FFFD}".repeat(10)), false)
         );
+        // A whole body that ends inside a character: nothing was cut, the bad byte shows.
+        assert_eq!(stored(b"caf\xc3", true), (json!("caf\u{FFFD}"), false));
     }
 }
