@@ -139,6 +139,10 @@ pub struct Outgoing<'a> {
     /// (`ambiguous` after a timeout or an expired lease): a webhook with a `reconcile` URL
     /// asks before it sends again.
     pub previous: Option<ErrorClass>,
+    /// This is the message's last allowed attempt: a webhook whose lookup answered 404 or
+    /// 410 late sends in what time is left rather than leave the request to an attempt
+    /// that will not come.
+    pub last_attempt: bool,
 }
 
 impl std::fmt::Debug for Outgoing<'_> {
@@ -149,6 +153,7 @@ impl std::fmt::Debug for Outgoing<'_> {
             .field("payload_len", &self.payload.len())
             .field("webhook", &self.webhook)
             .field("previous", &self.previous)
+            .field("last_attempt", &self.last_attempt)
             .finish()
     }
 }

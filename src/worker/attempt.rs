@@ -177,6 +177,7 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
             payload: &msg.payload,
             webhook: msg.webhook.as_ref(),
             previous: msg.previous_class,
+            last_attempt: msg.attempt >= msg.max_attempts,
         })
         .instrument(span.clone())
         .await;

@@ -918,3 +918,32 @@ async fn a_refused_request_after_a_404_lookup_is_invalid_not_ambiguous() {
     assert_eq!(row.attempts, 2, "the abandoned attempt and this one");
     assert_eq!(calls(&rx), [GET], "one lookup, and no request");
 }
+
+/// On the last attempt there is no next one to leave the request to: after a late 404 it
+/// is sent in the time left (here a fast answer, delivered), not given up unsent as
+/// `exhausted`.
+#[tokio::test]
+async fn on_the_last_attempt_a_late_404_still_sends() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script(vec![
+        Reply::Stall(STALL),
+        Reply::Slow(Duration::from_millis(900), 404),
+        Reply::Status(200),
+    ]);
+    let key = "rec:slow-lookup-last";
+    enqueue(&db, key, payload(&rx), 2, true).await;
+    let cfg = WebhookConfig {
+        timeout: Duration::from_secs(1),
+        ..test_webhook_config()
+    };
+    let w = RunningWorker::start(&db, test_worker_config("w"), cfg);
+    wait_until(WAIT, "the message delivered or dead", || async {
+        matches!(row_state_of(&db, key).await.as_str(), "delivered" | "dead")
+    })
+    .await;
+    w.stop().await;
+    let row = crate::common::row(&db, key).await;
+    assert_eq!(row.state, "delivered", "{row:?}");
+    assert_eq!(calls(&rx), [POST, GET, POST]);
+}

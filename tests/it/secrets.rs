@@ -643,6 +643,7 @@ fn debug_of_what_holds_secrets_shows_none() {
         payload: &text,
         webhook: claimed.webhook.as_ref(),
         previous: None,
+        last_attempt: false,
     };
     let email_text = json!({
         "from": "Shop <shop@example.com>",

@@ -139,7 +139,9 @@ impl WebhookSender {
                 return Err(blocked).into();
             }
         }
-        let result = self.request(p, deadline, lookup.is_some()).await;
+        let result = self
+            .request(p, deadline, lookup.is_some() && !msg.last_attempt)
+            .await;
         Attempted { result, lookup }
     }
 
@@ -225,8 +227,9 @@ impl WebhookSender {
     /// the time left, a provider that is slow but well would answer too late, and the
     /// attempt would end ambiguous, for a person to settle, although the provider had
     /// just said nothing happened. Nothing was sent, so the attempt is transient; the next
-    /// one sends at once, with the whole timeout (a transient attempt is not followed by
-    /// a lookup).
+    /// one (after the usual delay) sends with the whole timeout, without a lookup (a
+    /// transient attempt is not followed by one). Not on the last attempt, which has no
+    /// next one: that one sends in the time left ([`Outgoing::last_attempt`]).
     async fn request(
         &self,
         mut p: Prepared<'_>,
