@@ -58,8 +58,8 @@ pub struct DestinationsArgs {
     #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub json: bool,
     /// Close this destination's circuit by hand (`host` or `host:port`, as listed; a host
-    /// with no destination of its own is closed on every port); its held-back messages are
-    /// due again at once.
+    /// without a port is closed on every port); its held-back messages are due again at
+    /// once.
     #[arg(long, env = "OUTBOXD_CLOSE", value_name = "HOST", value_parser = parse_destination)]
     pub close: Option<String>,
 }

@@ -385,14 +385,14 @@ pub(super) async fn destinations(args: DestinationsArgs, env: &Env) -> Result<()
             .map_err(|e| db_failed("closing the destination failed", &e))?;
         if let Some(n) = closed {
             out!("closed {}: {n} held-back messages due again", esc(host));
-            return Ok(());
         }
-        // A host named without its port (the contract's `--close HOST`): every destination
-        // of that host, whichever port it was reached at.
+        // A host named without its port (the contract's `--close HOST`) also closes every
+        // destination of that host on another port: breakers are kept per host and port,
+        // and a row of the bare host, from a default port, may well be closed already.
         let named = crate::ops::destinations_of_host(&client, host)
             .await
             .map_err(|e| db_failed("closing the destination failed", &e))?;
-        if named.is_empty() {
+        if closed.is_none() && named.is_empty() {
             return Err(CliError::Refused(format!(
                 "no destination {} is known (outboxd destinations lists them)",
                 esc(host)

@@ -460,7 +460,8 @@ async fn an_open_host_with_a_deep_backlog_does_not_make_the_claim_spin() {
 }
 
 /// `outboxd destinations --close HOST` (the contract's words) closes a host named without
-/// its port on every port it was reached at: breakers are kept per host and port, and the
+/// its port on every port it was reached at, whether or not the bare host has a row of
+/// its own (here a closed one, from port 80): breakers are kept per host and port, and the
 /// bare host used to be refused ("no destination 127.0.0.1 is known"). A name that only
 /// begins like it is left alone.
 #[tokio::test]
@@ -469,6 +470,7 @@ async fn close_with_a_bare_host_closes_it_on_every_port() {
     let c = db.client().await;
     c.batch_execute(
         "INSERT INTO outbox.destinations (host, state, consecutive_failures, cooldown_seconds, open_until) VALUES \
+         ('127.0.0.1', 'closed', 0, 30, NULL), \
          ('127.0.0.1:18777', 'open', 10, 30, now() + interval '1 hour'), \
          ('127.0.0.1:9090', 'open', 10, 30, now() + interval '1 hour'), \
          ('127.0.0.10:18777', 'open', 10, 30, now() + interval '1 hour'), \
