@@ -9,7 +9,9 @@
 --    the name, and the EXECUTE rights granted on them are carried over exactly: a role
 --    that could approve, cancel or confirm before this migration still can after it (with
 --    the grant option if it had it), and no other can, whatever default privileges the
---    schema has (CREATE FUNCTION applies them; they are taken back). The errors of a NULL
+--    schema has (CREATE FUNCTION applies them; they are taken back). The old owner's own
+--    right is carried over too: run by another role, the migration makes that role the
+--    owner, and the old owner keeps EXECUTE (not ownership). The errors of a NULL
 --    list name `ids` too (outbox.lock_named, which the three share). Calls by position,
 --    the command line's and the console's, are unchanged.
 --
@@ -34,8 +36,7 @@ FROM pg_catalog.pg_proc p, LATERAL pg_catalog.aclexplode(p.proacl) a
 WHERE p.oid IN ('outbox.approve(bigint[], text)'::pg_catalog.regprocedure,
                 'outbox.cancel(bigint[], text, text)'::pg_catalog.regprocedure,
                 'outbox.confirm(bigint[], text)'::pg_catalog.regprocedure)
-  AND a.privilege_type = 'EXECUTE'
-  AND a.grantee <> p.proowner;
+  AND a.privilege_type = 'EXECUTE';
 
 DROP FUNCTION outbox.approve(bigint[], text);
 DROP FUNCTION outbox.cancel(bigint[], text, text);

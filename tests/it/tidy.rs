@@ -83,7 +83,7 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
     ),
     (
         "0018_contract_names_and_ordered_dead.sql",
-        "257f8350c87ae0f259631981653a5d15720e94125e21536f604e45aa5b283867",
+        "9a691705872af8e9853125c32149c0e12033d3f9d63637a80e51e65cefdaeb80",
     ),
 ];
 
