@@ -806,7 +806,7 @@ async fn starttls_is_required_unless_the_url_says_tls_none() {
 }
 
 #[tokio::test]
-async fn credentials_are_percent_decoded_and_a_refused_login_is_transient() {
+async fn credentials_are_percent_decoded_and_a_refused_login_is_permanent() {
     let db = TestDb::new().await;
     let fake = FakeSmtp::start().await;
     fake.require_auth(Answer::Ok);
@@ -824,9 +824,10 @@ async fn credentials_are_percent_decoded_and_a_refused_login_is_transient() {
     let w = start(&db, email_config(&url));
     let r = wait_for_state(&db, "auth:bad", "dead", WAIT).await;
     w.stop().await;
-    // The relay refused us, not the message: retried, then exhausted.
-    assert_eq!(r.error_class.as_deref(), Some("exhausted"));
-    assert_eq!(r.attempts, 2);
+    // The contract: SMTP 5xx → dead at once, in the session as at MAIL FROM (it used to
+    // be retried, then exhausted).
+    assert_eq!(r.error_class.as_deref(), Some("permanent"));
+    assert_eq!(r.attempts, 1);
     assert!(
         r.last_error.as_deref().unwrap().contains("SMTP 535 5.7.8"),
         "{:?}",

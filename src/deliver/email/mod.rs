@@ -17,14 +17,18 @@
 //!
 //! | phase | a reply 4xx | a reply 5xx | connection lost or timed out |
 //! |---|---|---|---|
-//! | session (connect, TLS, EHLO, AUTH) | transient | transient | transient |
+//! | session (connect, TLS, EHLO, AUTH) | transient | permanent | transient |
 //! | MAIL FROM, RCPT TO, DATA | transient | permanent | transient |
 //! | content (before its last byte left) | – | – | transient |
 //! | after the end of DATA, before the reply | transient | permanent | **ambiguous** |
 //!
-//! Session errors are transient whatever the code: they are about the relay (a bad
-//! password, a refused client, a missing STARTTLS), not about this message, and a fix of
-//! the configuration should let the message through.
+//! A 5xx is permanent in every phase, as the contract has it ("SMTP 5xx → dead at once"):
+//! a refused login (535) or a relay that will not serve this client (554 at the greeting)
+//! kills the message at once, as the same relay's refusal at MAIL FROM or RCPT TO
+//! (530 "authentication required", 554 "relay access denied") always did; after the
+//! configuration is fixed, `outboxd replay --all-dead --error-class permanent` sends them
+//! again with the same keys. A 4xx, a lost connection or a timeout while setting up is
+//! transient.
 //!
 //! A message goes to all its recipients or to none: if the relay refuses any RCPT TO, no
 //! DATA is sent (permanent for a 5xx, transient when only 4xx), because delivering to the

@@ -79,8 +79,8 @@ pub(super) enum Fault {
 /// The class of a failure, by phase: the table at the top of this file.
 pub(super) fn classify(phase: Phase, fault: Fault) -> ErrorClass {
     match (phase, fault) {
-        (Phase::Session, _) => ErrorClass::Transient,
         (_, Fault::Reply(code)) if code >= 500 => ErrorClass::Permanent,
+        (Phase::Session, _) => ErrorClass::Transient,
         (_, Fault::Reply(_)) => ErrorClass::Transient,
         (Phase::EndOfData, Fault::Connection | Fault::Timeout) => ErrorClass::Ambiguous,
         (_, Fault::Connection | Fault::Timeout) => ErrorClass::Transient,
@@ -225,7 +225,8 @@ mod tests {
         use Fault::*;
         let table = [
             (Phase::Session, Reply(421), Transient),
-            (Phase::Session, Reply(535), Transient),
+            (Phase::Session, Reply(535), Permanent),
+            (Phase::Session, Reply(554), Permanent),
             (Phase::Session, Connection, Transient),
             (Phase::Session, Timeout, Transient),
             (Phase::Mail, Reply(451), Transient),
