@@ -187,6 +187,17 @@ impl ReplayArgs {
             filter: typed("channel") || typed("error_class") || typed("since"),
         });
     }
+
+    /// The selection flags typed on the command line, as [`ReplayArgs::note_sources`]
+    /// noted them; when not noted, every flag given counts as typed, the careful reading.
+    pub fn typed(&self) -> TypedSelection {
+        self.typed.unwrap_or(TypedSelection {
+            all_dead: self.all_dead,
+            filter: self.filter.channel.is_some()
+                || self.filter.error_class.is_some()
+                || self.filter.since.is_some(),
+        })
+    }
 }
 
 /// `outboxd held`.

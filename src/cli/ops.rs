@@ -227,12 +227,7 @@ fn print_history(history: &[AttemptRecord]) {
 pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> {
     // Named messages are typed; a selection flag taken from its variable yields to them
     // (the command line beats the variable), one typed beside them is a usage error.
-    let typed = args.typed.unwrap_or(crate::cli::args::TypedSelection {
-        all_dead: args.all_dead,
-        filter: args.filter.channel.is_some()
-            || args.filter.error_class.is_some()
-            || args.filter.since.is_some(),
-    });
+    let typed = args.typed();
     let selection = if args.targets.is_empty() {
         if !args.all_dead {
             return Err(ConfigError(
@@ -380,32 +375,30 @@ pub(super) async fn destinations(args: DestinationsArgs, env: &Env) -> Result<()
     }
     let client = connect(env).await?;
     if let Some(host) = &args.close {
-        let closed = crate::ops::close_destination(&client, host)
-            .await
-            .map_err(|e| db_failed("closing the destination failed", &e))?;
-        if let Some(n) = closed {
-            out!("closed {}: {n} held-back messages due again", esc(host));
-        }
-        // A host named without its port (the contract's `--close HOST`) also closes every
-        // destination of that host on another port: breakers are kept per host and port,
-        // and a row of the bare host, from a default port, may well be closed already.
+        // The name as given, and for a host named without its port (the contract's
+        // `--close HOST`) every destination of that host on another port too: breakers
+        // are kept per host and port, and a row of the bare host, from a default port,
+        // may well be closed already.
         let named = crate::ops::destinations_of_host(&client, host)
             .await
             .map_err(|e| db_failed("closing the destination failed", &e))?;
-        if closed.is_none() && named.is_empty() {
+        let mut known = false;
+        for name in std::iter::once(host).chain(&named) {
+            // A port's row gone meanwhile (closed by another operator and forgotten):
+            // nothing to do.
+            let closed = crate::ops::close_destination(&client, name)
+                .await
+                .map_err(|e| db_failed("closing the destination failed", &e))?;
+            if let Some(n) = closed {
+                known = true;
+                out!("closed {}: {n} held-back messages due again", esc(name));
+            }
+        }
+        if !known {
             return Err(CliError::Refused(format!(
                 "no destination {} is known (outboxd destinations lists them)",
                 esc(host)
             )));
-        }
-        for name in named {
-            // Gone meanwhile (closed by another operator and forgotten): nothing to do.
-            let closed = crate::ops::close_destination(&client, &name)
-                .await
-                .map_err(|e| db_failed("closing the destination failed", &e))?;
-            if let Some(n) = closed {
-                out!("closed {}: {n} held-back messages due again", esc(&name));
-            }
         }
         return Ok(());
     }

@@ -46,9 +46,7 @@ impl Database {
     pub fn tls(&self) -> MakeRustlsConnect {
         self.tls.clone()
     }
-}
 
-impl Database {
     /// Whether connections leave a host that has turned read-only
     /// (`target_session_attrs=read-write`; see `read_only`).
     pub fn leaves_read_only_hosts(&self) -> bool {

@@ -41,11 +41,12 @@ pub struct Attempted {
 impl Attempted {
     /// Did a lookup settle the attempt as delivered (the request was not sent)?
     pub fn reconciled(&self) -> bool {
-        self.result.is_ok()
-            && self
-                .lookup
-                .as_ref()
-                .is_some_and(|l| l.verdict == webhook::reconcile::Verdict::Happened)
+        self.result.is_ok() && self.lookup_said(webhook::reconcile::Verdict::Happened)
+    }
+
+    /// Did this attempt's lookup answer `verdict`?
+    pub fn lookup_said(&self, verdict: webhook::reconcile::Verdict) -> bool {
+        self.lookup.as_ref().is_some_and(|l| l.verdict == verdict)
     }
 }
 

@@ -194,10 +194,7 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
         // this attempt sends or fails to send, nothing is unknown (an address the guard
         // refuses now is `invalid`, not a question for a person).
         after_ambiguous: msg.previous_class == Some(ErrorClass::Ambiguous)
-            && !attempted
-                .lookup
-                .as_ref()
-                .is_some_and(|l| l.verdict == Verdict::NotHappened),
+            && !attempted.lookup_said(Verdict::NotHappened),
     };
     let jitter: f64 = rand::random();
     let reconciled = attempted.reconciled();

@@ -96,11 +96,31 @@ async fn run(
     retry_ambiguous: bool,
     state: &str,
 ) -> (TestDb, Receiver, Row) {
+    run_with(
+        short_timeout(),
+        key,
+        script,
+        max_attempts,
+        retry_ambiguous,
+        state,
+    )
+    .await
+}
+
+/// [`run`] under webhook settings `cfg`.
+async fn run_with(
+    cfg: WebhookConfig,
+    key: &str,
+    script: Vec<Reply>,
+    max_attempts: i32,
+    retry_ambiguous: bool,
+    state: &str,
+) -> (TestDb, Receiver, Row) {
     let db = TestDb::new().await;
     let rx = Receiver::start().await;
     rx.script(script);
     enqueue(&db, key, payload(&rx), max_attempts, retry_ambiguous).await;
-    let w = RunningWorker::start(&db, test_worker_config("w"), short_timeout());
+    let w = RunningWorker::start(&db, test_worker_config("w"), cfg);
     let row = wait_for_state(&db, key, state, WAIT).await;
     w.stop().await;
     (db, rx, row)
@@ -834,35 +854,30 @@ async fn a_replayed_ambiguous_message_looks_up_before_sending_again() {
     assert_eq!(row.response.unwrap()["reconciled"], true);
 }
 
+/// Webhook settings with a 1 s timeout: room for a lookup that answers late.
+fn one_second() -> WebhookConfig {
+    WebhookConfig {
+        timeout: Duration::from_secs(1),
+        ..test_webhook_config()
+    }
+}
+
 /// A lookup that answers 404 after most of the attempt's time leaves the request too
 /// little to be answered in: it is not sent, and the attempt is transient (the provider
-/// has just said the earlier one did not happen), so the next attempt sends at once with
-/// the whole timeout. Before, the request went out with 100 ms left, timed out, and the
-/// message went round ambiguous, looking up again, as if nothing were known.
+/// has just said the earlier one did not happen), so the next attempt (after the usual
+/// delay) sends with the whole timeout. Before, the request went out with 100 ms left,
+/// timed out, and the message went round ambiguous, looking up again, as if nothing were
+/// known.
 #[tokio::test]
 async fn a_lookup_that_leaves_too_little_time_is_followed_by_a_plain_attempt() {
-    let db = TestDb::new().await;
-    let rx = Receiver::start().await;
-    rx.script(vec![
+    let key = "rec:slow-lookup";
+    let script = vec![
         Reply::Stall(STALL),
         Reply::Slow(Duration::from_millis(900), 404),
         Reply::Slow(Duration::from_millis(300), 200),
         Reply::Status(200),
-    ]);
-    let key = "rec:slow-lookup";
-    enqueue(&db, key, payload(&rx), 3, true).await;
-    let cfg = WebhookConfig {
-        timeout: Duration::from_secs(1),
-        ..test_webhook_config()
-    };
-    let w = RunningWorker::start(&db, test_worker_config("w"), cfg);
-    wait_until(WAIT, "the message delivered or dead", || async {
-        matches!(row_state_of(&db, key).await.as_str(), "delivered" | "dead")
-    })
-    .await;
-    w.stop().await;
-    let row = crate::common::row(&db, key).await;
-    assert_eq!(row.state, "delivered", "{row:?}");
+    ];
+    let (db, rx, _) = run_with(one_second(), key, script, 3, true, "delivered").await;
     assert_eq!(calls(&rx), [POST, GET, POST]);
     let history = attempts(&db, key).await;
     assert_eq!(
@@ -924,26 +939,19 @@ async fn a_refused_request_after_a_404_lookup_is_invalid_not_ambiguous() {
 /// `exhausted`.
 #[tokio::test]
 async fn on_the_last_attempt_a_late_404_still_sends() {
-    let db = TestDb::new().await;
-    let rx = Receiver::start().await;
-    rx.script(vec![
+    let script = vec![
         Reply::Stall(STALL),
         Reply::Slow(Duration::from_millis(900), 404),
         Reply::Status(200),
-    ]);
-    let key = "rec:slow-lookup-last";
-    enqueue(&db, key, payload(&rx), 2, true).await;
-    let cfg = WebhookConfig {
-        timeout: Duration::from_secs(1),
-        ..test_webhook_config()
-    };
-    let w = RunningWorker::start(&db, test_worker_config("w"), cfg);
-    wait_until(WAIT, "the message delivered or dead", || async {
-        matches!(row_state_of(&db, key).await.as_str(), "delivered" | "dead")
-    })
+    ];
+    let (_db, rx, _) = run_with(
+        one_second(),
+        "rec:slow-lookup-last",
+        script,
+        2,
+        true,
+        "delivered",
+    )
     .await;
-    w.stop().await;
-    let row = crate::common::row(&db, key).await;
-    assert_eq!(row.state, "delivered", "{row:?}");
     assert_eq!(calls(&rx), [POST, GET, POST]);
 }

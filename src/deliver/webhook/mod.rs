@@ -239,10 +239,16 @@ impl WebhookSender {
         let host = host_of(&p.req.url);
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() || (after_lookup && left < self.timeout / 2) {
+            // Only after a lookup: a request's own deadline starts with the whole timeout.
+            let next = if after_lookup {
+                "; the next attempt sends it"
+            } else {
+                ""
+            };
             return Err(DeliveryError::new(
                 ErrorClass::Transient,
                 format!(
-                    "too little time left to send to {host} after the reconciliation lookup; the next attempt sends it"
+                    "too little time left to send to {host} after the reconciliation lookup{next}"
                 ),
             ));
         }
