@@ -26,7 +26,9 @@ async fn breaker(db: &TestDb, host: &str) -> Option<(String, i32, Option<f64>)> 
         .map(|r| (r.get(0), r.get(1), r.get(2)))
 }
 
-/// Attempts counted on, and history rows of, the messages whose key starts with `prefix`.
+/// Attempts counted on, and history rows of attempts of, the messages whose key starts
+/// with `prefix`. A `released` row is not one: it records a claimed row given back unsent
+/// and uncounted (on a loaded machine, one claimed ahead may wait past its lease's room).
 async fn counted(db: &TestDb, prefix: &str) -> (i64, i64) {
     let r = db
         .client()
@@ -35,7 +37,8 @@ async fn counted(db: &TestDb, prefix: &str) -> (i64, i64) {
             "SELECT (SELECT coalesce(sum(attempts), 0)::bigint FROM outbox.messages \
                      WHERE message_key LIKE $1), \
                     (SELECT count(*) FROM outbox.attempts a JOIN outbox.messages m \
-                     ON m.id = a.message_id WHERE m.message_key LIKE $1)",
+                     ON m.id = a.message_id WHERE m.message_key LIKE $1 \
+                     AND a.outcome <> 'released')",
             &[&format!("{prefix}%")],
         )
         .await
@@ -337,7 +340,7 @@ async fn an_open_host_with_a_deep_backlog_does_not_make_the_claim_spin() {
         breaker_config("w", 1, Duration::from_secs(3600)),
         test_webhook_config(),
     );
-    wait_until(Duration::from_secs(60), "the backlog moved past the cooldown", || {
+    wait_until(Duration::from_secs(120), "the backlog moved past the cooldown", || {
         let c = &c;
         async move {
             c.query_one(
@@ -352,8 +355,13 @@ async fn an_open_host_with_a_deep_backlog_does_not_make_the_claim_spin() {
     })
     .await;
     w.stop().await;
+    // The first request fails and opens the host; the row claimed ahead of it may already
+    // be past its recheck. One more can go on a loaded machine: a row rechecked after the
+    // failure waits for it to be recorded at most `RECORD_WAIT` (1 s), and CI saw the
+    // completer take longer (3 requests). A breaker that did not hold would send
+    // thousands here.
     let sent = bad.requests().len();
-    assert!(sent <= 2, "{sent} requests to the open host");
+    assert!(sent <= 4, "{sent} requests to the open host");
 
     // 100 healthy rows, due now.
     let good = Receiver::start().await;
@@ -445,8 +453,11 @@ async fn an_open_host_with_a_deep_backlog_does_not_make_the_claim_spin() {
         .await
         .unwrap()
         .get(0);
-    // Every pushed row is due again; the one or two that were sent wait for their retry.
-    assert!(due >= 100_000 - 2, "{due} of the backlog due again");
+    // Every pushed row is due again; the few that were sent wait for their retry.
+    assert!(
+        due >= 100_000 - sent as i64,
+        "{due} of the backlog due again"
+    );
     let (state, failures, _) = breaker(&db, &host).await.unwrap();
     assert_eq!((state.as_str(), failures), ("closed", 0));
     let url = db.url();
@@ -634,18 +645,23 @@ async fn the_sql_and_the_code_agree_on_every_breaker_transition() {
 async fn the_breakers_never_send_a_first_attempt_before_its_run_after() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let due_in = |key: &'static str| {
+    // Times as the database holds them (seconds since the epoch), not counted from the
+    // moment of the check: a loaded machine may take seconds between two statements.
+    let at = |sql: String| {
         let db = &db;
         async move {
             let s: f64 = db
-                .scalar(&format!(
-                    "SELECT extract(epoch FROM run_after - now())::float8 \
-                     FROM outbox.messages WHERE message_key = '{key}'"
-                ))
+                .scalar(&format!("SELECT extract(epoch FROM ({sql}))::float8"))
                 .await;
             s
         }
     };
+    let due_at = |key: &'static str| {
+        at(format!(
+            "SELECT run_after FROM outbox.messages WHERE message_key = '{key}'"
+        ))
+    };
+    let now = || at("SELECT now()".to_owned());
     let enqueue_in = |key: &'static str, secs: i64| {
         let c = &c;
         async move {
@@ -673,6 +689,8 @@ async fn the_breakers_never_send_a_first_attempt_before_its_run_after() {
     c.batch_execute("UPDATE outbox.messages SET attempts = 1 WHERE message_key = 'retry'")
         .await
         .unwrap();
+    let after_cooldown = due_at("after-cooldown").await;
+    let in_ten_minutes = due_at("in-ten-minutes").await;
     let window = 12.0f64;
     let pushed = c
         .query_one(
@@ -683,14 +701,17 @@ async fn the_breakers_never_send_a_first_attempt_before_its_run_after() {
         .unwrap();
     assert_eq!(pushed.get::<_, i64>(0), 2, "the due row and the retry");
     // The oldest of them stays due, as the probe; the retry goes past the cooldown.
-    assert!(due_in("now").await <= 0.5);
-    let until = 900.0 + window;
-    let s = due_in("retry").await;
-    assert!((s - until).abs() < 2.0, "retry: due in {s} s");
-    let s = due_in("after-cooldown").await;
-    assert!(s >= 904.0, "after-cooldown: due in {s} s, made earlier");
-    let s = due_in("in-ten-minutes").await;
-    assert!((s - 600.0).abs() < 2.0, "in-ten-minutes: due in {s} s");
+    assert!(due_at("now").await <= now().await);
+    let open_until =
+        at("SELECT open_until FROM outbox.destinations WHERE host = 'h.example'".to_owned()).await;
+    let s = due_at("retry").await;
+    assert!(
+        (s - (open_until + window)).abs() < 0.001,
+        "retry: due at {s}"
+    );
+    // The application's rows keep their times.
+    assert_eq!(due_at("after-cooldown").await, after_cooldown);
+    assert_eq!(due_at("in-ten-minutes").await, in_ten_minutes);
     // The host closes: the pushed rows are due at once; the application's row keeps its
     // time.
     let deferred_until: std::time::SystemTime = db
@@ -699,8 +720,7 @@ async fn the_breakers_never_send_a_first_attempt_before_its_run_after() {
     outboxd::ops::restore_backlog(&c, "h.example", deferred_until)
         .await
         .unwrap();
-    assert!(due_in("now").await <= 0.5);
-    assert!(due_in("retry").await <= 0.5);
-    let s = due_in("in-ten-minutes").await;
-    assert!(s > 590.0, "in-ten-minutes: due in {s} s after the close");
+    assert!(due_at("now").await <= now().await);
+    assert!(due_at("retry").await <= now().await);
+    assert_eq!(due_at("in-ten-minutes").await, in_ten_minutes);
 }

@@ -638,13 +638,25 @@ impl Sink {
         format!("smtp://127.0.0.1:{}?tls=none", self.port)
     }
 
-    /// The messages stored so far, in order.
+    /// The messages stored so far, in order. A message the sink has answered but not yet
+    /// parsed (`<n>.pending`, see `tests/smtp_sink.py`) is waited for, at most a minute.
     pub fn messages(&self) -> Vec<Stored> {
-        let mut names: Vec<PathBuf> = std::fs::read_dir(&self.dir)
-            .unwrap()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "json"))
-            .collect();
+        let listed = |ext: &str| -> Vec<PathBuf> {
+            std::fs::read_dir(&self.dir)
+                .unwrap()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == ext))
+                .collect()
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !listed("pending").is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the sink did not finish parsing a message within a minute"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut names = listed("json");
         names.sort();
         names
             .iter()
