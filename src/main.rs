@@ -165,12 +165,11 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
     // tokio-postgres logs each prepared statement's parameters at debug (through the `log`
     // bridge tracing-subscriber installs). The completion's parameters carry the stored
     // response bodies, which are never logged, and the errors' text: so its query events
-    // stop at info whatever RUST_LOG asks (a directive for the same target replaces the
-    // caller's). Its other events (connections, prepared statement texts) still follow RUST_LOG.
-    let quiet = "tokio_postgres::query=info"
-        .parse()
-        .map_err(|e| anyhow::anyhow!("the tokio-postgres filter: {e}"))?;
-    let filter = filter.add_directive(quiet);
+    // stop at info whatever RUST_LOG asks. A directive for the same target would replace
+    // the caller's only in part: one with a field filter (`tokio_postgres::query[{message}]
+    // =debug`) is matched apart from it and let them through. So [`quiet_queries`] is a
+    // filter of its own, beside RUST_LOG's. Its other events (connections, prepared
+    // statement texts) still follow RUST_LOG.
     let log_format = outboxd::support::env_var("OUTBOXD_LOG_FORMAT")?;
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let logs = tracing_subscriber::fmt::layer()
@@ -198,19 +197,41 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
             .with_ansi(ansi)
             .with_writer(std::io::stderr);
         match log_format.as_deref() {
-            Some("json") => global.json().try_init(),
-            _ => global.fmt_fields(EscapedFields).try_init(),
+            Some("json") => global.json().finish().with(quiet_queries()).try_init(),
+            _ => global
+                .fmt_fields(EscapedFields)
+                .finish()
+                .with(quiet_queries())
+                .try_init(),
         }
         .map_err(|e| anyhow::anyhow!("cannot start logging: {e}"))?;
         return Ok(None);
     }
-    let logs = logs.with_filter(filter.and(telemetry::without_trace_spans()));
+    // Here a filter of the log layer: the exported layer takes only the attempt spans.
+    let quiet = quiet_queries().with_max_level_hint(tracing_subscriber::filter::LevelFilter::TRACE);
+    let logs = logs.with_filter(filter.and(telemetry::without_trace_spans()).and(quiet));
     let exported = traces.as_ref().map(|t| t.layer());
     tracing_subscriber::registry()
         .with(logs)
         .with(exported)
         .try_init()?;
     Ok(traces)
+}
+
+/// The filter that stops tokio-postgres' query events above `info` (they carry the
+/// statements' parameters), whatever RUST_LOG asks. A `FilterFn` decides once per callsite;
+/// the `log` bridge's records, which share a few callsites, ask per record (a comparison
+/// of their target). Without a level hint: as a layer of its own it must not lift the
+/// logs' maximum level above RUST_LOG's.
+fn quiet_queries() -> tracing_subscriber::filter::FilterFn<fn(&tracing::Metadata<'_>) -> bool> {
+    let keep: fn(&tracing::Metadata<'_>) -> bool = |meta| {
+        *meta.level() <= tracing::Level::INFO
+            || !meta
+                .target()
+                .strip_prefix("tokio_postgres::query")
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    };
+    tracing_subscriber::filter::filter_fn(keep)
 }
 
 /// The text log's fields, as tracing-subscriber's default writes them (`message` bare, then
