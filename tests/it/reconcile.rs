@@ -736,8 +736,15 @@ async fn an_attempt_that_sends_nothing_after_an_ambiguous_one_is_dead_ambiguous(
         err.contains("earlier attempt may have taken effect"),
         "{err}"
     );
+    // Without `released` rows: the first worker may have claimed the retry before its stop
+    // gave it back unsent (seen on a loaded machine), which counts nothing.
+    let counted: Vec<AttemptRow> = attempts(&db, key)
+        .await
+        .into_iter()
+        .filter(|a| a.1 != "released")
+        .collect();
     assert_eq!(
-        attempts(&db, key).await,
+        counted,
         vec![
             att(1, "retry", Some("ambiguous"), None),
             att(2, "retry", Some("ambiguous"), None),
