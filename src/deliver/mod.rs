@@ -36,6 +36,9 @@ pub struct Attempted {
     pub result: Result<Delivered, DeliveryError>,
     /// The lookup, when one was made.
     pub lookup: Option<webhook::reconcile::Lookup>,
+    /// The request itself was made (or tried): `result` is the destination's answer. Not
+    /// when a lookup settled the attempt, nor when too little time was left after one.
+    pub requested: bool,
 }
 
 impl Attempted {
@@ -56,6 +59,7 @@ impl From<Result<Delivered, DeliveryError>> for Attempted {
         Attempted {
             result,
             lookup: None,
+            requested: true,
         }
     }
 }

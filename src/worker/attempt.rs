@@ -185,6 +185,12 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
     if let Some(lookup) = &attempted.lookup {
         log_lookup(&msg, lookup);
     }
+    if !speaks_for_destination(&msg, &attempted) {
+        // Not this host's answer: its breaker neither counts it nor waits for it.
+        shared
+            .breakers
+            .forget(std::iter::once((msg.id, msg.lease_token)));
+    }
     let budget = Budget {
         attempt: msg.attempt,
         max_attempts: msg.max_attempts,
@@ -324,6 +330,26 @@ fn record_end(span: &tracing::Span, channel: Channel, completion: &Completion) {
     }
     if let Some(error) = &completion.error {
         span.record("otel.status_description", error.as_str());
+    }
+}
+
+/// Whether an attempt's result is its destination's answer, which the breakers count
+/// against the destination (the claimed row's entry names the request's host). A result
+/// the lookup settled is the lookup host's: it counts only when that is the same
+/// destination (a failing lookup service must not open a healthy destination, nor a
+/// found operation close a failing one). An attempt held back for lack of time after a
+/// lookup asked the destination nothing.
+fn speaks_for_destination(msg: &Claimed, attempted: &crate::deliver::Attempted) -> bool {
+    if attempted.requested {
+        return true;
+    }
+    match &attempted.lookup {
+        Some(l) if l.verdict != Verdict::NotHappened => {
+            msg.destination.is_some()
+                && crate::claim::reconcile_destination(&msg.payload) == msg.destination
+        }
+        // Held back after a 404, or with no time left at all: nobody was asked.
+        Some(_) | None => false,
     }
 }
 

@@ -724,3 +724,96 @@ async fn the_breakers_never_send_a_first_attempt_before_its_run_after() {
     assert!(due_at("retry").await <= now().await);
     assert_eq!(due_at("in-ten-minutes").await, in_ten_minutes);
 }
+
+/// A result the reconciliation lookup settled is the lookup host's, and an attempt held
+/// back after a slow 404 asked nobody: neither counts against the destination's breaker.
+/// Here the lookup runs on a host of its own and answers 503 (ambiguous again), then 404
+/// after 700 ms of a 1 s attempt (held back, transient), and the destination answers the
+/// last attempt. Both used to count against the destination: with a threshold of 1 it
+/// opened for an hour, and the message waited for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_on_another_host_does_not_count_against_the_destination() {
+    let db = TestDb::new().await;
+    let dest = Receiver::start().await;
+    let look = Receiver::start().await;
+    look.script([
+        Reply::Status(503),
+        Reply::Slow(Duration::from_millis(700), 404),
+    ]);
+    let key = "elsewhere";
+    let c = db.client().await;
+    let msg = outboxd::NewMessage::webhook(
+        key,
+        serde_json::json!({
+            "url": dest.url("/hook"),
+            "body": 1,
+            "reconcile": {"url": look.url("/ops/elsewhere")},
+        }),
+    )
+    .max_attempts(4)
+    .retry_ambiguous(true);
+    outboxd::enqueue(&c, &msg).await.unwrap();
+    // A worker that died mid-request: the lease expires, the outcome is unknown, and the
+    // next attempt looks up first.
+    let got = outboxd::claim::claim(
+        &c,
+        &[outboxd::model::Channel::Webhook],
+        10,
+        "w-dead",
+        Duration::from_millis(200),
+    )
+    .await
+    .unwrap();
+    assert_eq!(got.len(), 1);
+    wait_until(Duration::from_secs(5), "the lease to expire", || async {
+        let live: i64 = db
+            .scalar("SELECT count(*) FROM outbox.messages WHERE lease_expires_at > now()")
+            .await;
+        live == 0
+    })
+    .await;
+    let w = RunningWorker::start(
+        &db,
+        breaker_config("w", 1, Duration::from_secs(3600)),
+        outboxd::deliver::webhook::settings::WebhookConfig {
+            timeout: Duration::from_secs(1),
+            ..test_webhook_config()
+        },
+    );
+    let row = wait_for_state(&db, key, "delivered", Duration::from_secs(30)).await;
+    w.stop().await;
+    assert_eq!(row.attempts, 4);
+    assert_eq!(look.requests().len(), 2);
+    assert_eq!(dest.requests().len(), 1);
+    let history: Vec<(String, Option<String>)> = db
+        .client()
+        .await
+        .query(
+            "SELECT a.outcome, a.error_class FROM outbox.attempts a \
+             JOIN outbox.messages m ON m.id = a.message_id \
+             WHERE m.message_key = $1 ORDER BY a.attempt",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let class = |c: &str| Some(c.to_owned());
+    assert_eq!(
+        history,
+        [
+            ("lease_lost".to_owned(), class("ambiguous")),
+            ("retry".to_owned(), class("ambiguous")),
+            ("retry".to_owned(), class("transient")),
+            ("delivered".to_owned(), None),
+        ]
+    );
+    let dest_host = dest.addr.to_string();
+    let b = breaker(&db, &dest_host).await;
+    assert!(
+        b.as_ref()
+            .is_none_or(|(state, failures, _)| state == "closed" && *failures == 0),
+        "{b:?}"
+    );
+}

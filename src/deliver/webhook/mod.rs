@@ -72,6 +72,41 @@ struct Prepared<'a> {
     timestamp: u64,
 }
 
+/// Whether the request is held back for lack of time, and why. After a lookup (it answered
+/// 404 or 410, so the earlier attempt did not take effect) that took more than half the
+/// timeout, the request is not sent: in the time left, a provider that is slow but well
+/// would answer too late, and the attempt would end ambiguous, for a person to settle,
+/// although the provider had just said nothing happened. Nothing was sent, so the attempt
+/// is transient; the next one (after the usual delay) sends with the whole timeout,
+/// without a lookup (a transient attempt is not followed by one). Not on the last attempt,
+/// which has no next one: that one sends in the time left ([`Outgoing::last_attempt`]).
+fn too_late(
+    p: &Prepared<'_>,
+    deadline: Instant,
+    timeout: Duration,
+    after_lookup: bool,
+    last_attempt: bool,
+) -> Option<DeliveryError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let held = after_lookup && !last_attempt && left < timeout / 2;
+    if !(left.is_zero() || held) {
+        return None;
+    }
+    // Only after a lookup: a request's own deadline starts with the whole timeout.
+    let next = if held {
+        "; the next attempt sends it"
+    } else {
+        ""
+    };
+    Some(DeliveryError::new(
+        ErrorClass::Transient,
+        format!(
+            "too little time left to send to {} after the reconciliation lookup{next}",
+            host_of(&p.req.url)
+        ),
+    ))
+}
+
 /// The status, the provider's deduplication flag and its `Retry-After` (on 429 and 503).
 fn answer_headers(response: &Response) -> (u16, bool, Option<Duration>) {
     let status = response.status().as_u16();
@@ -133,16 +168,35 @@ impl WebhookSender {
                 let (l, settled) = self.reconcile(&p, url, deadline).await;
                 lookup = Some(l);
                 if let Some(result) = settled {
-                    return Attempted { result, lookup };
+                    return Attempted {
+                        result,
+                        lookup,
+                        requested: false,
+                    };
                 }
             } else if let Some(blocked) = self.refused_early(url, deadline).await {
                 return Err(blocked).into();
             }
         }
-        let result = self
-            .request(p, deadline, lookup.is_some() && !msg.last_attempt)
-            .await;
-        Attempted { result, lookup }
+        if let Some(late) = too_late(
+            &p,
+            deadline,
+            self.timeout,
+            lookup.is_some(),
+            msg.last_attempt,
+        ) {
+            return Attempted {
+                result: Err(late),
+                lookup,
+                requested: false,
+            };
+        }
+        let result = self.request(p, deadline).await;
+        Attempted {
+            result,
+            lookup,
+            requested: true,
+        }
     }
 
     /// Checks the payload and both destinations as far as can be done without a request:
@@ -220,38 +274,14 @@ impl WebhookSender {
         headers
     }
 
-    /// Sends the request itself, within what is left of the attempt's timeout.
-    ///
-    /// After a lookup (`after_lookup`: it answered 404 or 410, so the earlier attempt did
-    /// not take effect) that took more than half the timeout, the request is not sent: in
-    /// the time left, a provider that is slow but well would answer too late, and the
-    /// attempt would end ambiguous, for a person to settle, although the provider had
-    /// just said nothing happened. Nothing was sent, so the attempt is transient; the next
-    /// one (after the usual delay) sends with the whole timeout, without a lookup (a
-    /// transient attempt is not followed by one). Not on the last attempt, which has no
-    /// next one: that one sends in the time left ([`Outgoing::last_attempt`]).
+    /// Sends the request itself, within what is left of the attempt's timeout
+    /// ([`too_late`] has said there is enough).
     async fn request(
         &self,
         mut p: Prepared<'_>,
         deadline: Instant,
-        after_lookup: bool,
     ) -> Result<Delivered, DeliveryError> {
         let host = host_of(&p.req.url);
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || (after_lookup && left < self.timeout / 2) {
-            // Only after a lookup: a request's own deadline starts with the whole timeout.
-            let next = if after_lookup {
-                "; the next attempt sends it"
-            } else {
-                ""
-            };
-            return Err(DeliveryError::new(
-                ErrorClass::Transient,
-                format!(
-                    "too little time left to send to {host} after the reconciliation lookup{next}"
-                ),
-            ));
-        }
         // The request is the last use of the payload's headers: moved, not copied.
         let app_headers = std::mem::take(&mut p.req.headers);
         let mut headers = self.identity_headers(app_headers, &p, &p.req.body);
