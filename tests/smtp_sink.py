@@ -65,15 +65,22 @@ class Sink:
 
 
 def store(path, record, raw):
-    """Writes the record with what the parser makes of it, then clears the mark."""
+    """Writes the record with what the parser makes of it, then clears the mark. Whatever
+    fails, a record is written (with "error" in place of "parsed", which the tests report)
+    and the mark cleared: the tests wait for it."""
     try:
-        record["parsed"] = parse(raw)
-    except Exception as e:  # a message Python cannot read is the test's to report
-        record["parsed"] = {"error": repr(e)}
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(record, f)
-    os.rename(path + ".tmp", path)
-    os.remove(path + ".pending")
+        try:
+            record["parsed"] = parse(raw)
+            text = json.dumps(record)
+        except Exception as e:
+            record.pop("parsed", None)
+            record["error"] = "the sink could not parse or store the message: %r" % (e,)
+            text = json.dumps(record)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.rename(path + ".tmp", path)
+    finally:
+        os.remove(path + ".pending")
 
 
 def parse(raw):

@@ -37,7 +37,8 @@ pub struct Attempted {
     /// The lookup, when one was made.
     pub lookup: Option<webhook::reconcile::Lookup>,
     /// The request itself was made (or tried): `result` is the destination's answer. Not
-    /// when a lookup settled the attempt, nor when too little time was left after one.
+    /// when a lookup settled the attempt, when too little time was left after one, or when
+    /// nothing could be sent at all ([`Attempted::unsent`]).
     pub requested: bool,
 }
 
@@ -45,6 +46,16 @@ impl Attempted {
     /// Did a lookup settle the attempt as delivered (the request was not sent)?
     pub fn reconciled(&self) -> bool {
         self.result.is_ok() && self.lookup_said(webhook::reconcile::Verdict::Happened)
+    }
+
+    /// An attempt that asked no one: refused before any request or lookup was made (an
+    /// invalid payload, a channel not configured, an address the guard refuses).
+    pub fn unsent(error: DeliveryError) -> Attempted {
+        Attempted {
+            result: Err(error),
+            lookup: None,
+            requested: false,
+        }
     }
 
     /// Did this attempt's lookup answer `verdict`?
@@ -232,7 +243,7 @@ impl Ready<'_> {
         match self {
             Ready::Webhook(sender) => Box::pin(sender.send(msg)).await,
             Ready::Email(sender, slot) => Box::pin(sender.send(slot, msg)).await.into(),
-            Ready::Refused(e) => Err(e).into(),
+            Ready::Refused(e) => Attempted::unsent(e),
         }
     }
 }

@@ -337,18 +337,19 @@ fn record_end(span: &tracing::Span, channel: Channel, completion: &Completion) {
 /// against the destination (the claimed row's entry names the request's host). A result
 /// the lookup settled is the lookup host's: it counts only when that is the same
 /// destination (a failing lookup service must not open a healthy destination, nor a
-/// found operation close a failing one). An attempt held back for lack of time after a
-/// lookup asked the destination nothing.
+/// found operation close a failing one). An attempt that asked the destination nothing
+/// (held back for lack of time after a lookup, refused before any request) is no one's:
+/// after an ambiguous attempt its `invalid` becomes `ambiguous`, which would count.
 fn speaks_for_destination(msg: &Claimed, attempted: &crate::deliver::Attempted) -> bool {
     if attempted.requested {
         return true;
     }
     match &attempted.lookup {
-        Some(l) if l.verdict != Verdict::NotHappened => {
+        Some(l) if !matches!(l.verdict, Verdict::NotHappened | Verdict::Refused) => {
             msg.destination.is_some()
                 && crate::claim::reconcile_destination(&msg.payload) == msg.destination
         }
-        // Held back after a 404, or with no time left at all: nobody was asked.
+        // Held back after a 404, a lookup the guard refused, or nothing made at all.
         Some(_) | None => false,
     }
 }

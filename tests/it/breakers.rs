@@ -728,7 +728,7 @@ async fn the_breakers_never_send_a_first_attempt_before_its_run_after() {
 /// A result the reconciliation lookup settled is the lookup host's, and an attempt held
 /// back after a slow 404 asked nobody: neither counts against the destination's breaker.
 /// Here the lookup runs on a host of its own and answers 503 (ambiguous again), then 404
-/// after 700 ms of a 1 s attempt (held back, transient), and the destination answers the
+/// after 2.5 s of a 4 s attempt (held back, transient), and the destination answers the
 /// last attempt. Both used to count against the destination: with a threshold of 1 it
 /// opened for an hour, and the message waited for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -738,7 +738,7 @@ async fn a_lookup_on_another_host_does_not_count_against_the_destination() {
     let look = Receiver::start().await;
     look.script([
         Reply::Status(503),
-        Reply::Slow(Duration::from_millis(700), 404),
+        Reply::Slow(Duration::from_millis(2500), 404),
     ]);
     let key = "elsewhere";
     let c = db.client().await;
@@ -753,34 +753,16 @@ async fn a_lookup_on_another_host_does_not_count_against_the_destination() {
     .max_attempts(4)
     .retry_ambiguous(true);
     outboxd::enqueue(&c, &msg).await.unwrap();
-    // A worker that died mid-request: the lease expires, the outcome is unknown, and the
-    // next attempt looks up first.
-    let got = outboxd::claim::claim(
-        &c,
-        &[outboxd::model::Channel::Webhook],
-        10,
-        "w-dead",
-        Duration::from_millis(200),
-    )
-    .await
-    .unwrap();
-    assert_eq!(got.len(), 1);
-    wait_until(Duration::from_secs(5), "the lease to expire", || async {
-        let live: i64 = db
-            .scalar("SELECT count(*) FROM outbox.messages WHERE lease_expires_at > now()")
-            .await;
-        live == 0
-    })
-    .await;
+    abandon_claim(&db).await;
     let w = RunningWorker::start(
         &db,
         breaker_config("w", 1, Duration::from_secs(3600)),
         outboxd::deliver::webhook::settings::WebhookConfig {
-            timeout: Duration::from_secs(1),
+            timeout: Duration::from_secs(4),
             ..test_webhook_config()
         },
     );
-    let row = wait_for_state(&db, key, "delivered", Duration::from_secs(30)).await;
+    let row = wait_for_state(&db, key, "delivered", Duration::from_secs(60)).await;
     w.stop().await;
     assert_eq!(row.attempts, 4);
     assert_eq!(look.requests().len(), 2);
@@ -811,6 +793,63 @@ async fn a_lookup_on_another_host_does_not_count_against_the_destination() {
     );
     let dest_host = dest.addr.to_string();
     let b = breaker(&db, &dest_host).await;
+    assert!(
+        b.as_ref()
+            .is_none_or(|(state, failures, _)| state == "closed" && *failures == 0),
+        "{b:?}"
+    );
+}
+
+/// Claims every due message under a lease of 200 ms and lets it expire, as a worker that
+/// died mid-request would: the outcome is unknown (ambiguous), and the next attempt of a
+/// message with a `reconcile` URL looks up first.
+async fn abandon_claim(db: &TestDb) {
+    let got = outboxd::claim::claim(
+        &db.client().await,
+        &[outboxd::model::Channel::Webhook],
+        10,
+        "w-dead",
+        Duration::from_millis(200),
+    )
+    .await
+    .unwrap();
+    assert!(!got.is_empty());
+    wait_until(Duration::from_secs(5), "the lease to expire", || async {
+        let live: i64 = db
+            .scalar("SELECT count(*) FROM outbox.messages WHERE lease_expires_at > now()")
+            .await;
+        live == 0
+    })
+    .await;
+}
+
+/// After an ambiguous attempt, one that can send nothing (here it names a signing secret
+/// this worker does not have) is ambiguous again, for a person to settle; it asked the
+/// destination nothing, so its breaker counts nothing. It used to count: with a threshold
+/// of 1 the destination opened for an hour, and the message never reached its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_sends_nothing_does_not_count_against_the_destination() {
+    let db = TestDb::new().await;
+    let dest = Receiver::start().await;
+    let key = "unsendable";
+    let msg = outboxd::NewMessage::webhook(
+        key,
+        serde_json::json!({"url": dest.url("/hook"), "body": 1, "secret": "ROTATED"}),
+    )
+    .max_attempts(3)
+    .retry_ambiguous(true);
+    outboxd::enqueue(&db.client().await, &msg).await.unwrap();
+    abandon_claim(&db).await;
+    let w = RunningWorker::start(
+        &db,
+        breaker_config("w", 1, Duration::from_secs(3600)),
+        test_webhook_config(),
+    );
+    let row = wait_for_state(&db, key, "dead", Duration::from_secs(30)).await;
+    w.stop().await;
+    assert_eq!(row.error_class.as_deref(), Some("ambiguous"), "{row:?}");
+    assert!(dest.requests().is_empty());
+    let b = breaker(&db, &dest.addr.to_string()).await;
     assert!(
         b.as_ref()
             .is_none_or(|(state, failures, _)| state == "closed" && *failures == 0),

@@ -160,7 +160,7 @@ impl WebhookSender {
         let deadline = Instant::now() + self.timeout;
         let p = match self.prepare(msg) {
             Ok(p) => p,
-            Err(e) => return Err(e).into(),
+            Err(e) => return Attempted::unsent(e),
         };
         let mut lookup = None;
         if let Some(url) = &p.req.reconcile {
@@ -175,7 +175,7 @@ impl WebhookSender {
                     };
                 }
             } else if let Some(blocked) = self.refused_early(url, deadline).await {
-                return Err(blocked).into();
+                return Attempted::unsent(blocked);
             }
         }
         if let Some(late) = too_late(

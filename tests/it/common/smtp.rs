@@ -660,7 +660,14 @@ impl Sink {
         names.sort();
         names
             .iter()
-            .map(|p| serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap())
+            .map(|p| {
+                let v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).unwrap())
+                    .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                if let Some(error) = v.get("error") {
+                    panic!("{}: {error}", p.display());
+                }
+                serde_json::from_value(v).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            })
             .collect()
     }
 
