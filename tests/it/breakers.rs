@@ -753,7 +753,7 @@ async fn a_lookup_on_another_host_does_not_count_against_the_destination() {
     .max_attempts(4)
     .retry_ambiguous(true);
     outboxd::enqueue(&c, &msg).await.unwrap();
-    abandon_claim(&db).await;
+    claim_and_abandon(&db).await;
     let w = RunningWorker::start(
         &db,
         breaker_config("w", 1, Duration::from_secs(3600)),
@@ -800,29 +800,6 @@ async fn a_lookup_on_another_host_does_not_count_against_the_destination() {
     );
 }
 
-/// Claims every due message under a lease of 200 ms and lets it expire, as a worker that
-/// died mid-request would: the outcome is unknown (ambiguous), and the next attempt of a
-/// message with a `reconcile` URL looks up first.
-async fn abandon_claim(db: &TestDb) {
-    let got = outboxd::claim::claim(
-        &db.client().await,
-        &[outboxd::model::Channel::Webhook],
-        10,
-        "w-dead",
-        Duration::from_millis(200),
-    )
-    .await
-    .unwrap();
-    assert!(!got.is_empty());
-    wait_until(Duration::from_secs(5), "the lease to expire", || async {
-        let live: i64 = db
-            .scalar("SELECT count(*) FROM outbox.messages WHERE lease_expires_at > now()")
-            .await;
-        live == 0
-    })
-    .await;
-}
-
 /// After an ambiguous attempt, one that can send nothing (here it names a signing secret
 /// this worker does not have) is ambiguous again, for a person to settle; it asked the
 /// destination nothing, so its breaker counts nothing. It used to count: with a threshold
@@ -839,7 +816,7 @@ async fn an_attempt_that_sends_nothing_does_not_count_against_the_destination() 
     .max_attempts(3)
     .retry_ambiguous(true);
     outboxd::enqueue(&db.client().await, &msg).await.unwrap();
-    abandon_claim(&db).await;
+    claim_and_abandon(&db).await;
     let w = RunningWorker::start(
         &db,
         breaker_config("w", 1, Duration::from_secs(3600)),

@@ -281,17 +281,6 @@ async fn completion_sql_agrees_with_the_state_machine() {
     }
 }
 
-/// Waits until no running message holds a live lease.
-async fn wait_for_leases_to_expire(db: &TestDb) {
-    wait_until(Duration::from_secs(5), "the leases to expire", || async {
-        let live: i64 = db
-            .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'running' AND lease_expires_at > now()")
-            .await;
-        live == 0
-    })
-    .await;
-}
-
 /// Claims with a short lease and lets it expire, as a worker that died would.
 async fn claim_and_abandon(db: &TestDb, n: usize) {
     let c = db.client().await;

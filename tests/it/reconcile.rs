@@ -12,9 +12,7 @@ use std::time::Duration;
 
 use common::receiver::{Receiver, Recorded, Reply};
 use common::*;
-use outboxd::claim;
 use outboxd::deliver::webhook::settings::{DestinationPolicy, WebhookConfig, parse_webhook_secret};
-use outboxd::model::Channel;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -350,29 +348,6 @@ async fn without_retry_ambiguous_or_a_reconcile_url_an_ambiguous_outcome_is_dead
 // ---------------------------------------------------------------------------------------
 // An expired lease is ambiguous too
 // ---------------------------------------------------------------------------------------
-
-/// Claims every due message with a short lease and lets it expire, as a worker that died
-/// mid-request would.
-async fn claim_and_abandon(db: &TestDb) {
-    let c = db.client().await;
-    let got = claim::claim(
-        &c,
-        &[Channel::Webhook],
-        10,
-        "w-dead",
-        Duration::from_millis(200),
-    )
-    .await
-    .unwrap();
-    assert!(!got.is_empty());
-    wait_until(Duration::from_secs(5), "the leases to expire", || async {
-        let live: i64 = db
-            .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'running' AND lease_expires_at > now()")
-            .await;
-        live == 0
-    })
-    .await;
-}
 
 #[tokio::test]
 async fn after_an_expired_lease_the_next_attempt_looks_up_first() {

@@ -272,6 +272,34 @@ where
     }
 }
 
+/// Claims the due webhooks (up to 10) under a lease of 200 ms and lets it expire, as a
+/// worker that died mid-request would: their outcome is unknown (ambiguous), and the next
+/// attempt of one with a `reconcile` URL looks up first.
+pub async fn claim_and_abandon(db: &TestDb) {
+    let got = outboxd::claim::claim(
+        &db.client().await,
+        &[outboxd::model::Channel::Webhook],
+        10,
+        "w-dead",
+        Duration::from_millis(200),
+    )
+    .await
+    .unwrap();
+    assert!(!got.is_empty());
+    wait_for_leases_to_expire(db).await;
+}
+
+/// Waits until no running message holds a live lease.
+pub async fn wait_for_leases_to_expire(db: &TestDb) {
+    wait_until(Duration::from_secs(5), "the leases to expire", || async {
+        let live: i64 = db
+            .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'running' AND lease_expires_at > now()")
+            .await;
+        live == 0
+    })
+    .await;
+}
+
 /// A port nothing listens on, for a connection that is refused. Below the range every
 /// listener of the suite binds in (port 0 gives an ephemeral port), so no other test can be
 /// listening there by chance, as one could on a port bound here and released.
