@@ -26,6 +26,16 @@ async fn breaker(db: &TestDb, host: &str) -> Option<(String, i32, Option<f64>)> 
         .map(|r| (r.get(0), r.get(1), r.get(2)))
 }
 
+/// `rx`'s destination has counted no failure: no breaker row, or a closed one at 0.
+async fn assert_no_failure_counted(db: &TestDb, rx: &Receiver) {
+    let b = breaker(db, &rx.addr.to_string()).await;
+    assert!(
+        b.as_ref()
+            .is_none_or(|(state, failures, _)| state == "closed" && *failures == 0),
+        "{b:?}"
+    );
+}
+
 /// Attempts counted on, and history rows of attempts of, the messages whose key starts
 /// with `prefix`. A `released` row is not one: it records a claimed row given back unsent
 /// and uncounted (on a loaded machine, one claimed ahead may wait past its lease's room).
@@ -791,13 +801,7 @@ async fn a_lookup_on_another_host_does_not_count_against_the_destination() {
             ("delivered".to_owned(), None),
         ]
     );
-    let dest_host = dest.addr.to_string();
-    let b = breaker(&db, &dest_host).await;
-    assert!(
-        b.as_ref()
-            .is_none_or(|(state, failures, _)| state == "closed" && *failures == 0),
-        "{b:?}"
-    );
+    assert_no_failure_counted(&db, &dest).await;
 }
 
 /// After an ambiguous attempt, one that can send nothing (here it names a signing secret
@@ -826,10 +830,5 @@ async fn an_attempt_that_sends_nothing_does_not_count_against_the_destination() 
     w.stop().await;
     assert_eq!(row.error_class.as_deref(), Some("ambiguous"), "{row:?}");
     assert!(dest.requests().is_empty());
-    let b = breaker(&db, &dest.addr.to_string()).await;
-    assert!(
-        b.as_ref()
-            .is_none_or(|(state, failures, _)| state == "closed" && *failures == 0),
-        "{b:?}"
-    );
+    assert_no_failure_counted(&db, &dest).await;
 }
