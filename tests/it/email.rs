@@ -737,6 +737,65 @@ async fn a_refused_recipient_sends_no_data_and_a_deferred_one_retries_everyone()
     assert!(fake.commands().iter().any(|c| c == "RSET"));
 }
 
+/// A relay's limit of recipients per message (`452 4.5.3` once it has taken some) is met
+/// again by every attempt. The contract keeps every SMTP 4xx transient, so the message is
+/// retried to `exhausted`; its error names the limit and the counts, never an address.
+/// The same code on the first recipient says nothing about the count.
+#[tokio::test]
+async fn too_many_recipients_for_the_relay_is_named_in_the_error() {
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    let too_many = reply("452 4.5.3 Error: too many recipients");
+    let mut limit = Plan::ok();
+    for a in ["c@example.com", "d@example.com"] {
+        limit.rcpt.insert(a.into(), too_many.clone());
+    }
+    fake.plan([limit.clone(), limit]);
+    enqueue_email(
+        &db,
+        "rcpt:limit",
+        simple(&[
+            "a@example.com",
+            "b@example.com",
+            "c@example.com",
+            "d@example.com",
+        ]),
+        2,
+        true,
+    )
+    .await;
+    let w = start(&db, email_config(&fake.url()));
+    let r = wait_for_state(&db, "rcpt:limit", "dead", WAIT).await;
+    assert_eq!(r.error_class.as_deref(), Some("exhausted"));
+    assert_eq!(r.attempts, 2);
+    let err = r.last_error.clone().unwrap();
+    assert!(
+        err.contains("SMTP 452 4.5.3")
+            && err.contains("took 2 of 4 recipients and deferred 2 as too many for one message"),
+        "{err}"
+    );
+    assert!(fake.received().is_empty(), "no DATA: all or none");
+    assert_no_leak(&db, "rcpt:limit", &["@example.com", "too many recipients"]).await;
+
+    // On the first recipient the code is no count.
+    fake.plan([Plan::at_rcpt("a@example.com", too_many), Plan::ok()]);
+    enqueue_email(
+        &db,
+        "rcpt:first",
+        simple(&["a@example.com", "b@example.com"]),
+        3,
+        true,
+    )
+    .await;
+    wait_for_state(&db, "rcpt:first", "delivered", WAIT).await;
+    w.stop().await;
+    let errors = attempt_errors(&db, "rcpt:first").await;
+    assert!(
+        errors[0].contains("1 of 2 recipients deferred") && !errors[0].contains("too many"),
+        "{errors:?}"
+    );
+}
+
 #[tokio::test]
 async fn connections_are_reused_and_a_dead_one_is_replaced_within_the_attempt() {
     let db = TestDb::new().await;

@@ -16,6 +16,9 @@ use super::reply::{Phase, code_of, enhanced_status, from_smtp_error, reply_error
 use crate::deliver::DeliveryError;
 use crate::model::ErrorClass;
 
+/// The enhanced status code of "too many recipients" (RFC 3463, X.5.3).
+const TOO_MANY_RECIPIENTS: &str = "4.5.3";
+
 /// The attempt's progress, shared with the future that may be cancelled by the deadline.
 pub(super) struct Progress(pub(super) AtomicU8);
 
@@ -164,15 +167,20 @@ impl Inner {
         let mut refused: Vec<(u16, Option<String>, lettre::transport::smtp::Error)> = Vec::new();
         let mut deferred: Vec<(u16, Option<String>, lettre::transport::smtp::Error)> = Vec::new();
         let mut closing = false;
+        let mut accepted = 0usize;
+        let mut over_limit = false;
         for rcpt in envelope.to() {
             match conn.command(Rcpt::new(rcpt.clone(), vec![])).await {
-                Ok(_) => {}
+                Ok(_) => accepted += 1,
                 Err(e) => match e.status().map(u16::from) {
                     Some(code) => {
                         let enhanced = std::error::Error::source(&e)
                             .map(|s| s.to_string())
                             .and_then(|t| enhanced_status(&t));
                         closing |= code == 421;
+                        over_limit |= accepted > 0
+                            && code < 500
+                            && enhanced.as_deref() == Some(TOO_MANY_RECIPIENTS);
                         if code >= 500 {
                             refused.push((code, enhanced, e));
                         } else {
@@ -188,6 +196,14 @@ impl Inner {
             }
         }
         let (n_refused, n_deferred) = (refused.len(), deferred.len());
+        // `over_limit`: a `4.5.3` after some recipients were taken is the relay's limit of
+        // recipients per message (Postfix's `smtpd_recipient_limit`, Exchange's and
+        // Gmail's alike). RFC 5321 has the client send the rest in another transaction,
+        // which would break all or none (a retry would resend the first part). The next
+        // attempt meets the same limit, but the contract makes every SMTP 4xx transient,
+        // so the message is retried to `exhausted`; its error says why, and what to do.
+        // Before any recipient was taken the code says nothing about the count.
+        let over_limit = over_limit && n_refused == 0;
         // A 5xx decides (the message can never reach every recipient), so the first
         // refusal is reported before any deferral.
         if let Some((code, enhanced, source)) = refused.into_iter().chain(deferred).next() {
@@ -196,9 +212,15 @@ impl Inner {
             } else {
                 (n_deferred, "deferred")
             };
-            let what = format!(
-                "{n} of {total} recipients {verb}; no DATA sent (a message goes to all its recipients or to none)"
-            );
+            let what = if over_limit {
+                format!(
+                    "the relay took {accepted} of {total} recipients and deferred {n_deferred} as too many for one message, which every attempt will meet; no DATA sent (a message goes to all its recipients or to none: enqueue it as several messages)"
+                )
+            } else {
+                format!(
+                    "{n} of {total} recipients {verb}; no DATA sent (a message goes to all its recipients or to none)"
+                )
+            };
             let mut err = reply_error(Phase::Rcpt, &self.relay, code, enhanced, Some(what), source);
             if let Some(r) = err.response.as_mut() {
                 r["recipients"] = total.into();
