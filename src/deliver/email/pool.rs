@@ -6,6 +6,7 @@
 //! the connect inside it, and the lease-fit check between them (ARCHITECTURE.md,
 //! "Decisions worth knowing").
 
+use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -74,6 +75,25 @@ pub(super) enum Ended {
     Broken,
 }
 
+/// Connects to the first of `addrs` that answers, each tried in turn with its share of the
+/// attempt's `timeout`. lettre tries every address of a name with the timeout it is given,
+/// so with the whole timeout one address that drops packets (an IPv6 route that goes
+/// nowhere, a relay taken out of service) spent the attempt and the next was never tried.
+/// A share of at least a second: a SYN lost once is resent after one.
+pub(super) async fn connect_any(
+    addrs: &[SocketAddr],
+    timeout: Duration,
+    hello: &ClientId,
+    implicit_tls: Option<TlsParameters>,
+) -> Result<AsyncSmtpConnection, lettre::transport::smtp::Error> {
+    let share = u32::try_from(addrs.len().max(1)).unwrap_or(u32::MAX);
+    let per_address = (timeout / share).max(MIN_CONNECT_SHARE).min(timeout);
+    AsyncSmtpConnection::connect_tokio1(addrs, Some(per_address), hello, implicit_tls, None).await
+}
+
+/// The least time one address of the relay is given to accept a connection.
+const MIN_CONNECT_SHARE: Duration = Duration::from_secs(1);
+
 /// Our name in EHLO: the host name, else `localhost`.
 pub(super) fn hello_name() -> ClientId {
     let host = crate::support::hostname()
@@ -93,15 +113,22 @@ impl Inner {
             SmtpTls::Implicit => self.tls_params.clone(),
             _ => None,
         };
-        let mut conn = AsyncSmtpConnection::connect_tokio1(
-            (self.host.as_str(), self.port),
-            Some(self.timeout),
-            &self.hello,
-            implicit,
-            None,
-        )
-        .await
-        .map_err(session)?;
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((self.host.as_str(), self.port))
+            .await
+            .map_err(|e| {
+                DeliveryError::new(
+                    ErrorClass::Transient,
+                    format!(
+                        "{} with {} failed: resolving its name: {e}",
+                        Phase::Session.describe(),
+                        self.relay
+                    ),
+                )
+            })?
+            .collect();
+        let mut conn = connect_any(&addrs, self.timeout, &self.hello, implicit)
+            .await
+            .map_err(session)?;
         if self.tls == SmtpTls::StartTls {
             let Some(params) = self.tls_params.clone() else {
                 return Err(DeliveryError::new(
@@ -161,5 +188,72 @@ impl Inner {
                 dirty,
             });
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+    /// A loopback address whose connects hang: a listener that never accepts, its queue
+    /// filled (Linux then drops new SYNs, as a firewall that drops packets does). Returns
+    /// what must stay alive.
+    async fn black_hole() -> (SocketAddr, TcpListener, Vec<TcpStream>) {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(1).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut held = Vec::new();
+        for _ in 0..16 {
+            match tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => held.push(s),
+                Ok(Err(e)) => panic!("connect to the filling listener: {e}"),
+                Err(_) => return (addr, listener, held),
+            }
+        }
+        panic!("the listener's queue never filled");
+    }
+
+    /// Just enough of a relay for a connect: the greeting, then 250 to EHLO.
+    async fn relay() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (r, mut w) = stream.into_split();
+                    w.write_all(b"220 relay.test ESMTP\r\n").await.ok();
+                    let mut lines = BufReader::new(r).lines();
+                    while let Ok(Some(_)) = lines.next_line().await {
+                        w.write_all(b"250 relay.test\r\n").await.ok();
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// The relay's name gives two addresses, the first dropping packets: the second is
+    /// reached within the attempt's timeout, not after it.
+    #[tokio::test]
+    async fn an_address_that_drops_packets_leaves_time_for_the_next() {
+        let (dead, _listener, _held) = black_hole().await;
+        let live = relay().await;
+        let timeout = Duration::from_secs(6);
+        let hello = ClientId::Domain("outboxd.test".into());
+        let started = Instant::now();
+        let conn = tokio::time::timeout(timeout, connect_any(&[dead, live], timeout, &hello, None))
+            .await
+            .expect("the attempt's deadline passed on the first address")
+            .expect("the second address answers");
+        assert!(!conn.has_broken());
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "the first address had its share ({:?})",
+            started.elapsed()
+        );
     }
 }
