@@ -811,7 +811,8 @@ WITH d AS (
 ), moved AS (
     UPDATE outbox.messages m SET
         run_after = CASE WHEN $4::bigint = 0 AND m.id = (SELECT min(id) FROM cand)
-                         THEN least(m.run_after, d.open_until) ELSE d.until END
+                         THEN least(m.run_after, d.open_until) ELSE d.until END,
+        updated_at = now()
     FROM cand c, d
     WHERE m.id = c.id AND m.state = 'pending'
       AND NOT (m.run_after >= d.open_until
@@ -826,8 +827,11 @@ SELECT (SELECT count(*) FROM moved)::bigint, (SELECT max(id) FROM cand)
 /// (the opening's `deferred_until`): the rows the opening pushed there, and those claimed
 /// and deferred while it was open (due a few milliseconds either side of it). A retry of
 /// that host scheduled for the same span comes early, which is what a closed circuit
-/// allows; a row the application scheduled for another time keeps it (without the lower
-/// bound, a row due in ten minutes was sent at the close).
+/// allows. A first attempt comes back only if the worker moved it (the push and `DEFER`
+/// set `updated_at`; the application's insert leaves it at `created_at`): one the
+/// application scheduled keeps its time, inside the span too (without the lower bound, a
+/// row due in ten minutes was sent at the close; without the mark, one due a minute
+/// after the cooldown).
 /// Returns the rows moved.
 pub const BREAKER_RESTORE: &str = r#"
 WITH moved AS (
@@ -837,6 +841,7 @@ WITH moved AS (
         WHERE state = 'pending' AND channel = 'webhook' AND run_after > now()
           AND run_after >= $2::timestamptz - make_interval(secs => $4::float8)
           AND run_after <= $2::timestamptz + make_interval(secs => $4::float8)
+          AND (attempts > 0 OR updated_at > created_at)
           AND outbox.destination_of(channel, payload) = $1::text
         LIMIT $3::bigint))
       AND m.state = 'pending' AND m.run_after > now()

@@ -696,6 +696,12 @@ async fn the_breakers_never_send_a_first_attempt_before_its_run_after() {
     enqueue_in("in-ten-minutes", 600).await;
     enqueue_in("now", 0).await;
     enqueue_in("retry", 100).await;
+    // Due now as well, behind the probe: pushed past the cooldown, and brought back.
+    enqueue_in("now-too", 0).await;
+    // A first attempt the application scheduled inside the restore's span around the
+    // pushed time (here 912 s ± 60 s), so that only the worker's mark tells it apart.
+    enqueue_in("in-the-span", 940).await;
+    let in_the_span = due_at("in-the-span").await;
     c.batch_execute("UPDATE outbox.messages SET attempts = 1 WHERE message_key = 'retry'")
         .await
         .unwrap();
@@ -709,7 +715,7 @@ async fn the_breakers_never_send_a_first_attempt_before_its_run_after() {
         )
         .await
         .unwrap();
-    assert_eq!(pushed.get::<_, i64>(0), 2, "the due row and the retry");
+    assert_eq!(pushed.get::<_, i64>(0), 3, "the due rows and the retry");
     // The oldest of them stays due, as the probe; the retry goes past the cooldown.
     assert!(due_at("now").await <= now().await);
     let open_until =
@@ -732,7 +738,10 @@ async fn the_breakers_never_send_a_first_attempt_before_its_run_after() {
         .unwrap();
     assert!(due_at("now").await <= now().await);
     assert!(due_at("retry").await <= now().await);
+    assert!(due_at("now-too").await <= now().await);
     assert_eq!(due_at("in-ten-minutes").await, in_ten_minutes);
+    assert_eq!(due_at("after-cooldown").await, after_cooldown);
+    assert_eq!(due_at("in-the-span").await, in_the_span);
 }
 
 /// A result the reconciliation lookup settled is the lookup host's, and an attempt held
