@@ -55,19 +55,30 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
         ("https://h.example:99999999/", None),
         ("https://h.example:80x/", None),
     ];
+    // Where the SQL function names none but the URL parser (which the request follows)
+    // reads a host, the worker names it as the parser reads it: else no rate limit, cap or
+    // open circuit applied to it.
+    let parsed: &[(&str, Option<&str>)] = &[
+        ("https://bad\nhost/", Some("badhost")),
+        ("https:///path", Some("path")),
+    ];
     for (url, want) in cases {
         let got = destination(&db, &serde_json::json!(url)).await;
         assert_eq!(got.as_deref(), *want, "destination of {url:?}");
         // The worker reads the name itself, by the same rules.
+        let want = parsed
+            .iter()
+            .find(|(u, _)| u == url)
+            .map_or(*want, |(_, w)| *w);
         let payload = serde_json::json!({"url": url, "body": {}}).to_string();
         assert_eq!(
             outboxd::claim::destination_of(&payload).as_deref(),
-            *want,
+            want,
             "the worker's destination of {url:?}"
         );
         assert_eq!(
             claim::read_and_route(&payload).1.destination.as_deref(),
-            *want,
+            want,
             "the claim's destination of {url:?}"
         );
     }
@@ -138,15 +149,17 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
     }
     for url in &more {
         let sql = destination(&db, &serde_json::json!(url)).await;
+        // Where the SQL function names none, the worker names what the parser reads.
+        let want = sql.clone().or_else(|| as_the_parser_reads(url));
         let payload = serde_json::json!({"url": url}).to_string();
         assert_eq!(
             outboxd::claim::destination_of(&payload),
-            sql,
+            want,
             "the worker and outbox.destination_of disagree on {url:?}"
         );
         assert_eq!(
             claim::read_and_route(&payload).1.destination,
-            sql,
+            want,
             "the claim and outbox.destination_of disagree on {url:?}"
         );
     }
@@ -163,6 +176,64 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
     assert_eq!(got, None);
     let payload = serde_json::json!({"url": long}).to_string();
     assert_eq!(claim::destination_of(&payload), None);
+}
+
+/// The host and port an http(s) URL's request goes to, as `url::Url` (the sender's
+/// parser) reads them, without trailing dots: what the worker names a URL the SQL
+/// function names none.
+fn as_the_parser_reads(url: &str) -> Option<String> {
+    let u = url::Url::parse(url).ok()?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return None;
+    }
+    let host = u.host_str()?.trim_end_matches('.');
+    (!host.is_empty()).then(|| match u.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_owned(),
+    })
+}
+
+/// A host the request reaches however it is written has one name, so that its rate
+/// limit, cap and circuit apply: written in Unicode, with a backslash for the path's
+/// slash, a tab or a percent-escape inside, or IPv4 in a short form. Each of these had no
+/// name (or one of its own), and went out past every rule of its host.
+#[tokio::test]
+async fn a_host_written_another_way_has_its_own_name() {
+    let cases: &[(&str, &str)] = &[
+        ("https://b\u{fc}cher.example/x", "xn--bcher-kva.example"),
+        (
+            "https://B\u{dc}CHER.example:8443/x",
+            "xn--bcher-kva.example:8443",
+        ),
+        ("http://127.0.0.1:18765\\hook", "127.0.0.1:18765"),
+        ("http://127.0.0.1:187\t65/hook", "127.0.0.1:18765"),
+        ("http://a.ex\tample/hook", "a.example"),
+        ("https://hooks%2Eslack.com/x", "hooks.slack.com"),
+        ("https://hooks\u{3002}slack.com/x", "hooks.slack.com"),
+        ("https://hooks.sl\u{ad}ack.com/x", "hooks.slack.com"),
+        ("https://\u{212a}.example/", "k.example"),
+        ("http://127.1:8080/x", "127.0.0.1:8080"),
+        ("http://2130706433/x", "127.0.0.1"),
+        ("http://0x7f.1/x", "127.0.0.1"),
+        ("http://0177.0.0.1/x", "127.0.0.1"),
+    ];
+    for (url, want) in cases {
+        let payload = serde_json::json!({"url": url, "body": {}}).to_string();
+        assert_eq!(
+            claim::destination_of(&payload).as_deref(),
+            Some(*want),
+            "the worker's destination of {url:?}"
+        );
+        assert_eq!(
+            claim::read_and_route(&payload).1.destination.as_deref(),
+            Some(*want),
+            "the claim's destination of {url:?}"
+        );
+        assert_eq!(as_the_parser_reads(url).as_deref(), Some(*want), "{url:?}");
+    }
+    // Plain dotted IPv4 stays on the SQL function's name.
+    let payload = serde_json::json!({"url": "http://10.0.0.1:80/x"}).to_string();
+    assert_eq!(claim::destination_of(&payload).as_deref(), Some("10.0.0.1"));
 }
 
 /// The claim hands each webhook its destination; e-mail has none.
