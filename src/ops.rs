@@ -270,7 +270,10 @@ pub struct MessageDetail {
 /// * an e-mail shows no address, subject or body: each field becomes a count
 ///   (`[redacted: 2 addresses]`, `[redacted: 42 characters]`).
 ///
-/// A webhook's `body` and `method` are shown: an operator needs them to judge a replay.
+/// A webhook's `body` and `method` are shown: an operator needs them to judge a replay;
+/// so are the names the worker reads (`secret`, the signing secret's name, and
+/// `store_response`). `reconcile`'s members other than its URL, and members the worker
+/// does not read, are `[redacted]`.
 pub fn redact_payload(channel: &str, mut payload: serde_json::Value) -> serde_json::Value {
     use serde_json::Value;
     let Some(fields) = payload.as_object_mut() else {
@@ -288,16 +291,26 @@ pub fn redact_payload(channel: &str, mut payload: serde_json::Value) -> serde_js
             ("headers", _) => Value::String("[redacted]".into()),
             ("url", url) if channel == "webhook" => Value::String(redact_url(&url)),
             // The reconciliation lookup's URL carries tokens as often as the main one.
+            // Its other members are the provider's settings, which may be tokens too.
             ("reconcile", Value::Object(mut r)) if channel == "webhook" => {
-                if let Some(u) = r.get_mut("url") {
-                    *u = Value::String(redact_url(u));
-                }
-                for v in r.values_mut().filter(|v| !v.is_string()) {
-                    *v = Value::String("[redacted]".into());
+                for (k, v) in r.iter_mut() {
+                    *v = if k == "url" {
+                        Value::String(redact_url(v))
+                    } else {
+                        Value::String("[redacted]".into())
+                    };
                 }
                 Value::Object(r)
             }
-            (_, v) if channel == "webhook" => v,
+            // What the worker reads and an operator needs to judge a replay. Anything
+            // else the application put there is the worker's to ignore, and may be a token.
+            ("body" | "method" | "secret" | "store_response" | "reconcile", v)
+                if channel == "webhook" =>
+            {
+                v
+            }
+            (_, Value::Null) if channel == "webhook" => Value::Null,
+            (_, _) if channel == "webhook" => Value::String("[redacted]".into()),
             (_, Value::Null) => Value::Null,
             ("from" | "to" | "cc" | "bcc" | "reply_to", v) => {
                 let n = match &v {
@@ -847,6 +860,20 @@ mod tests {
             let r = redact_payload("webhook", serde_json::json!({ "url": url }));
             assert_eq!(r["url"], shown, "{url}");
         }
+        // The lookup's settings and members the worker does not read may be tokens.
+        let r = redact_payload(
+            "webhook",
+            serde_json::json!({"url": "https://h.example/", "method": "PUT", "secret": "billing",
+                "store_response": true, "token": "SECRET", "extra": {"k": "SECRET"}, "none": null,
+                "reconcile": {"url": "https://l.example/ops?t=SECRET", "token": "SECRET", "n": 5}}),
+        );
+        assert_eq!(
+            r,
+            serde_json::json!({"url": "https://h.example/", "method": "PUT", "secret": "billing",
+                "store_response": true, "token": "[redacted]", "extra": "[redacted]", "none": null,
+                "reconcile": {"url": "https://l.example/[redacted]", "token": "[redacted]",
+                    "n": "[redacted]"}})
+        );
         let r = redact_payload(
             "webhook",
             serde_json::json!({"url": {"token": "SECRET"}, "headers": "SECRET"}),
