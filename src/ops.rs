@@ -6,6 +6,7 @@
 //! `outbox.confirm` in `sql/0009_human_checkpoints.sql`) so that psql users and the CLI get
 //! the same behaviour; this module resolves names, reports, and loops.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -712,6 +713,36 @@ pub async fn checkpoint(
     targets: &[Target],
     actor: &str,
 ) -> Result<Vec<(i64, String)>, CheckpointError> {
+    checkpoint_as_seen(client, action, targets, actor, &[]).await
+}
+
+/// The states of the rows with these ids, as an operator is shown them before an action
+/// ([`checkpoint_as_seen`] holds the action to them).
+pub async fn states_of<C: GenericClient>(
+    client: &C,
+    ids: &[i64],
+) -> Result<HashMap<i64, String>, tokio_postgres::Error> {
+    Ok(client
+        .query(queries::STATES_OF, &[&ids])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}
+
+/// [`checkpoint`], refused unless each message in `seen` (id, state) is still in the state
+/// the operator saw when they asked for it (the console's confirmation page). `cancel`
+/// takes held, pending and dead rows alike, so without this a message replayed or
+/// approved by someone else between the page and its button was cancelled all the same.
+/// The rows are locked (in id order, as the SQL functions lock them) before the check,
+/// so nothing changes between the check and the action.
+pub async fn checkpoint_as_seen(
+    client: &mut Client,
+    action: &Checkpoint,
+    targets: &[Target],
+    actor: &str,
+    seen: &[(i64, String)],
+) -> Result<Vec<(i64, String)>, CheckpointError> {
     if targets.is_empty() {
         return Err(CheckpointError::Empty(action.done()));
     }
@@ -724,6 +755,27 @@ pub async fn checkpoint(
         });
     }
     let ids: Vec<i64> = found.iter().map(|c| c.0).collect();
+    if !seen.is_empty() {
+        let now: HashMap<i64, String> = tx
+            .query(queries::LOCK_STATES, &[&ids])
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        for (id, was) in seen {
+            match now.get(id) {
+                Some(state) if state == was => {}
+                other => {
+                    return Err(CheckpointError::Refused(format!(
+                        "message {id} is {} now, and was {} when it was shown; nothing {}",
+                        other.map_or("gone", String::as_str),
+                        crate::text::escape_truncated(was, 20),
+                        action.done()
+                    )));
+                }
+            }
+        }
+    }
     let rows = match action {
         Checkpoint::Approve => {
             tx.query_typed(

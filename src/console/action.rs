@@ -3,8 +3,10 @@
 //! The first POST (from a listing's or a message's buttons) changes nothing: it resolves
 //! the rows (the selected ids, or what the filter matches now, at most
 //! [`MAX_ACTION_ROWS`]) and shows a confirmation page saying how many rows the action
-//! touches and which. That page posts the same ids, by id, with `confirmed=yes`; only then
-//! does the action run, through [`crate::ops::replay`] or [`crate::ops::checkpoint`] — the
+//! touches and which. That page posts the same ids, by id, with the state each was in
+//! (`seen=ID:STATE`) and `confirmed=yes`; only then does the action run, through
+//! [`crate::ops::replay`] or [`crate::ops::checkpoint_as_seen`] (which holds each row to
+//! the state it was shown in: `cancel` takes several states) — the
 //! CLI's functions, so the SQL functions, their all-or-nothing rule and their history rows
 //! are the same, with `console:<name>` as the actor. A row that changed state between the
 //! two steps makes the whole action refused, naming it. Both steps check the CSRF token.
@@ -174,8 +176,25 @@ pub(crate) async fn post(
         ));
     }
     if field(&form, "confirmed") != Some("yes") {
-        return Ok(confirmation(&signed, verb, &chosen, matching).into_response());
+        let ids: Vec<i64> = chosen.iter().map(|(id, _)| *id).collect();
+        let states = crate::ops::states_of(&**c, &ids)
+            .await
+            .map_err(|e| Failure::db(&e))?;
+        return Ok(confirmation(&signed, verb, &chosen, &states, matching).into_response());
     }
+    // The states the confirmation page showed: the action holds to them (a row replayed
+    // or approved by someone else meanwhile is not cancelled).
+    let seen = form
+        .iter()
+        .filter(|(k, _)| k == "seen")
+        .map(|(_, v)| {
+            let (id, state) = v
+                .split_once(':')
+                .ok_or_else(|| bad("a seen state must be ID:STATE"))?;
+            let id = super::message::parse_id(id).map_err(unchanged)?;
+            Ok((id, state.to_owned()))
+        })
+        .collect::<Result<Vec<(i64, String)>, Failure>>()?;
 
     let targets: Vec<Target> = chosen.iter().map(|(id, _)| Target::Id(*id)).collect();
     let actor = signed.actor();
@@ -195,7 +214,7 @@ pub(crate) async fn post(
                     reason: field(&form, "reason").map(str::to_owned),
                 },
             };
-            crate::ops::checkpoint(&mut c, &action, &targets, &actor)
+            crate::ops::checkpoint_as_seen(&mut c, &action, &targets, &actor, &seen)
                 .await
                 .map_err(|e| match e {
                     CheckpointError::Database(e) => Failure::db(&e),
@@ -242,6 +261,7 @@ fn confirmation(
     signed: &Signed,
     verb: Verb,
     chosen: &[(i64, String)],
+    states: &std::collections::HashMap<i64, String>,
     matching: usize,
 ) -> axum::response::Html<String> {
     let n = chosen.len();
@@ -264,7 +284,12 @@ fn confirmation(
                 input type="hidden" name="csrf" value=(signed.csrf);
                 input type="hidden" name="do" value={ (verb.as_str()) ":selected" };
                 input type="hidden" name="confirmed" value="yes";
-                @for (id, _) in chosen { input type="hidden" name="id" value=(id); }
+                @for (id, _) in chosen {
+                    input type="hidden" name="id" value=(id);
+                    @if let Some(state) = states.get(id) {
+                        input type="hidden" name="seen" value={ (id) ":" (state) };
+                    }
+                }
                 @if verb == Verb::Cancel {
                     label { "Reason (optional, one line, kept in the history)"
                         input type="text" name="reason" id="reason" maxlength="500";

@@ -1192,6 +1192,83 @@ async fn a_payload_with_bidi_overrides_is_shown_escaped() {
 /// (10 s) with an error page that says so, and changes nothing, then or later. Before, it
 /// waited past the page's own 60 s and answered "timed out", its statement still waiting
 /// in the server and holding one of the console's connections.
+/// The confirmed action holds each row to the state the confirmation page showed: a dead
+/// letter replayed by someone else between the page and its button is not cancelled (the
+/// SQL function takes pending rows too, and used to), and the page says why.
+#[tokio::test]
+async fn a_row_that_changed_state_after_the_confirmation_page_is_not_touched() {
+    let db = TestDb::new().await;
+    let a = dead_email(&db, "seen:a").await;
+    let b = dead_email(&db, "seen:b").await;
+    let console = Console::start(&db);
+    let s = sign_in(&console, "alice").await;
+    let page = post_form(
+        &console.url("/action"),
+        Some(&s.cookie),
+        form(&[("csrf", &s.csrf), ("do", "cancel:filter"), ("from", "dead")]),
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    // The page's own form, field by field, as the browser would post it.
+    let mut fields: Vec<(String, String)> = page
+        .split("<input type=\"hidden\" ")
+        .skip(1)
+        .filter_map(|tag| {
+            let name = tag.split("name=\"").nth(1)?.split('"').next()?;
+            let value = tag.split("value=\"").nth(1)?.split('"').next()?;
+            Some((name.to_owned(), value.to_owned()))
+        })
+        .collect();
+    let seen: Vec<&str> = fields
+        .iter()
+        .filter(|(k, _)| k == "seen")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(seen, [format!("{a}:dead"), format!("{b}:dead")], "{page}");
+    // Another operator replays one of them meanwhile.
+    let mut c = db.client().await;
+    outboxd::ops::replay(
+        &mut c,
+        &outboxd::ops::ReplaySelection::Named(vec![outboxd::ops::Target::Id(a)]),
+        "cli:bob",
+        false,
+    )
+    .await
+    .unwrap();
+    let before = snapshot(&db).await;
+    fields.push(("reason".into(), "not needed".into()));
+    let pairs: Vec<(&str, &str)> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let res = post_form(&console.url("/action"), Some(&s.cookie), form(&pairs)).await;
+    assert_eq!(res.status(), 409);
+    let page = res.text().await.unwrap();
+    assert!(
+        error_line(&page).contains(&format!(
+            "message {a} is pending now, and was dead when it was shown; nothing cancelled"
+        )),
+        "{}",
+        error_line(&page)
+    );
+    assert_eq!(snapshot(&db).await, before);
+    assert_eq!(crate::common::row(&db, "seen:a").await.state, "pending");
+    assert_eq!(crate::common::row(&db, "seen:b").await.state, "dead");
+    // A forged state is a bad request, and changes nothing either.
+    let forged = form(&[
+        ("csrf", &s.csrf),
+        ("do", "cancel:selected"),
+        ("id", &b.to_string()),
+        ("seen", "x:dead"),
+        ("confirmed", "yes"),
+    ]);
+    let res = post_form(&console.url("/action"), Some(&s.cookie), forged).await;
+    assert_eq!(res.status(), 400);
+    assert_eq!(snapshot(&db).await, before);
+}
+
 #[tokio::test]
 async fn an_action_on_rows_held_elsewhere_gives_up_and_changes_nothing() {
     let db = TestDb::new().await;
