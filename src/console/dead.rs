@@ -88,7 +88,7 @@ pub(crate) fn filter_query(f: &DeadFilter) -> String {
         s.append_pair("class", c.as_str());
     }
     if let Some(d) = f.since {
-        s.append_pair("since", &format!("{}s", d.as_secs()));
+        s.append_pair("since", &super::layout::since_text(d));
     }
     s.finish()
 }
@@ -140,7 +140,7 @@ pub(crate) async fn page(
                     input type="hidden" name="from" value="dead";
                     @if let Some(c) = f.channel { input type="hidden" name="channel" value=(c.as_str()); }
                     @if let Some(c) = f.error_class { input type="hidden" name="class" value=(c.as_str()); }
-                    @if let Some(d) = f.since { input type="hidden" name="since" value={ (d.as_secs()) "s" }; }
+                    @if let Some(d) = f.since { input type="hidden" name="since" value=(super::layout::since_text(d)); }
                     div.actions {
                         button type="submit" name="do" value="replay:selected" id="replay-selected" { "Replay selected" }
                         button.secondary type="submit" name="do" value="confirm:selected" id="confirm-selected" { "Confirm delivered" }

@@ -32,7 +32,7 @@ fn filter_query(f: &HeldFilter) -> String {
         s.append_pair("channel", c.as_str());
     }
     if let Some(d) = f.since {
-        s.append_pair("since", &format!("{}s", d.as_secs()));
+        s.append_pair("since", &super::layout::since_text(d));
     }
     s.finish()
 }
@@ -66,7 +66,7 @@ pub(crate) async fn page(
                     input type="hidden" name="csrf" value=(signed.csrf);
                     input type="hidden" name="from" value="held";
                     @if let Some(c) = f.channel { input type="hidden" name="channel" value=(c.as_str()); }
-                    @if let Some(d) = f.since { input type="hidden" name="since" value={ (d.as_secs()) "s" }; }
+                    @if let Some(d) = f.since { input type="hidden" name="since" value=(super::layout::since_text(d)); }
                     div.actions {
                         button type="submit" name="do" value="approve:selected" id="approve-selected" { "Approve selected" }
                         button.danger type="submit" name="do" value="cancel:selected" id="cancel-selected" { "Cancel selected" }

@@ -123,12 +123,42 @@ pub(crate) fn channel_select(chosen: Option<crate::model::Channel>) -> Markup {
     }
 }
 
-/// The filter form's age field (`name="since"`), showing `since` in seconds.
+/// The filter form's age field (`name="since"`), showing `since` as [`since_text`] does.
 pub(crate) fn since_input(label: &str, since: Option<std::time::Duration>) -> Markup {
     html! {
         label { (label)
             input type="text" name="since" id="f-since" size="6" maxlength="20"
-                value=[since.map(|d| format!("{}s", d.as_secs()))];
+                value=[since.map(since_text)];
+        }
+    }
+}
+
+/// An age filter as the pager, the actions and the form carry it on: in seconds when it
+/// is whole seconds, else in milliseconds (`1500ms` carried on as `1s` listed one thing
+/// and acted on another, and `500ms` as `0s` found nothing).
+pub(crate) fn since_text(d: std::time::Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// What the filter's own parser reads back as the same age, to the millisecond.
+    #[test]
+    fn an_age_is_carried_on_as_it_was_given() {
+        for (d, text) in [
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::from_millis(500), "500ms"),
+            (Duration::ZERO, "0s"),
+        ] {
+            assert_eq!(super::since_text(d), text);
+            assert_eq!(crate::config::parse_duration(text), Ok(d), "{text}");
         }
     }
 }
