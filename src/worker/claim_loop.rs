@@ -402,7 +402,7 @@ impl ClaimLoop {
                 tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "claim failed; retrying");
                 self.not_before = Some(Instant::now() + wait);
                 lane.armed = true;
-                release_lost_claim(shared, token);
+                release_lost_claim(shared, token, claimed_at);
                 return false;
             }
         };
@@ -486,15 +486,18 @@ async fn drain_done(shared: &Shared) -> Result<bool, String> {
 /// the claim's time bound gave up on it. No task holds those rows, and left to their leases
 /// they would count an attempt never made, as ambiguous. So every row still leased under
 /// the claim's token goes back uncounted (`claim::release_lost_claim`), now and twice more
-/// within a few seconds, for a statement that commits late. Through the general pool: the
-/// hot pool's connection may be what was lost.
-fn release_lost_claim(shared: Arc<Shared>, token: uuid::Uuid) {
+/// within a few seconds, for a statement that commits late. A pass that fails (the
+/// database restarting or failing over, which is when answers get lost) is tried again
+/// every [`LOST_CLAIM_RETRY`] until one gets through or the claim's lease has run out,
+/// when the rows are the lease sweep's anyway: three fixed tries within 6 s lost them to a
+/// restart that took longer. Through the general pool: the hot pool's connection may be
+/// what was lost.
+fn release_lost_claim(shared: Arc<Shared>, token: uuid::Uuid, claimed_at: Instant) {
     tokio::spawn(async move {
-        for wait in [
-            Duration::ZERO,
-            Duration::from_secs(1),
-            Duration::from_secs(5),
-        ] {
+        let give_up = claimed_at + shared.cfg.lease;
+        let mut passes = [Duration::from_secs(1), Duration::from_secs(5)].into_iter();
+        let mut wait = Duration::ZERO;
+        loop {
             tokio::time::sleep(wait).await;
             let released = bounded(async {
                 let client = checkout(&shared.pools.general).await?;
@@ -513,12 +516,26 @@ fn release_lost_claim(shared: Arc<Shared>, token: uuid::Uuid) {
                         );
                     }
                     crate::support::lock(&shared.summary).released += ids.len() as u64;
+                    match passes.next() {
+                        Some(next) => wait = next,
+                        None => return,
+                    }
                 }
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    "could not give back the rows of a lost claim; they are settled when their leases expire"
-                ),
+                Err(e) if Instant::now() + LOST_CLAIM_RETRY < give_up => {
+                    tracing::debug!(error = %e, "could not give back the rows of a lost claim yet; trying again");
+                    wait = LOST_CLAIM_RETRY;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        "could not give back the rows of a lost claim; they are settled when their leases expire"
+                    );
+                    return;
+                }
             }
         }
     });
 }
+
+/// How often a failed give-back of a lost claim's rows is tried again.
+const LOST_CLAIM_RETRY: Duration = Duration::from_secs(2);

@@ -1175,6 +1175,55 @@ async fn a_claim_whose_answer_is_lost_gives_its_rows_back() {
     assert_eq!(rx.requests().len(), 1);
 }
 
+/// The same, when the database stays away longer than the first tries (a restart or a
+/// failover after the claim committed): the rows are given back once it answers again,
+/// within the lease. Before, three tries within 6 s all failed, and the rows waited for
+/// their leases: an attempt counted though nothing was sent, and with `retry_ambiguous =
+/// false` a dead `ambiguous` letter.
+#[tokio::test]
+async fn a_lost_claims_rows_come_back_after_an_outage_longer_than_the_first_tries() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    let key = "lost-answer:outage";
+    let cutter = common::cutter::Cutter::start_with_outage(
+        db.server_addr().await,
+        key.as_bytes().to_vec(),
+        Duration::from_secs(8),
+    )
+    .await;
+    let proxied = db.url_at(&format!("127.0.0.1:{}", cutter.port), "sslmode=disable");
+    let pools = outboxd::worker::Pools::new(&outboxd::db::parse_url(&proxied).unwrap(), 4).unwrap();
+    enqueue_webhook(&db, key, &rx.url("/h"), 3, false).await;
+    let w = RunningWorker::start_on(
+        &db,
+        pools,
+        outboxd::config::WorkerConfig {
+            lease: Duration::from_secs(30),
+            ..test_worker_config("w")
+        },
+        test_webhook_config(),
+        None,
+    );
+    // Before the 30 s lease ends: the rows came back after the outage, not at its end.
+    let row = wait_for_state(&db, key, "delivered", Duration::from_secs(25)).await;
+    w.stop().await;
+    assert!(
+        cutter.has_cut(),
+        "no answer was cut: this test showed nothing"
+    );
+    assert_eq!(row.attempts, 1, "the lost claim's attempt was not counted");
+    let outcomes: Vec<(i32, String)> = attempts(&db, key)
+        .await
+        .into_iter()
+        .map(|a| (a.0, a.1))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [(1, "released".to_owned()), (1, "delivered".to_owned())]
+    );
+    assert_eq!(rx.requests().len(), 1);
+}
+
 /// A completion whose answer is lost after it committed is tried again; the second try
 /// finds the attempt recorded and leaves it be. Before, the fence no longer matched and
 /// every attempt of the batch was recorded a second time, as `lease_lost`: in the history,
