@@ -34,7 +34,16 @@ pub const SESSION_SETUP: &str = "SET jit = off";
 /// [`crate::worker::PLAN_REFRESH`] (`Pools::refresh_plans`): the planner reads the table's
 /// real size each time it plans, so the next plan is made from the table as it is now.
 /// Re-preparing costs one round trip a second.
-pub const CLAIM_SETUP: &str = "SET jit = off; SET plan_cache_mode = force_generic_plan";
+///
+/// And claims commit durably whatever the role or database says: a claim counts an attempt
+/// before it is sent, and one undone by a crash of PostgreSQL (`synchronous_commit = off`)
+/// or lost in a failover to a standby that never had it (`local`) puts the row back
+/// `pending` with the attempt uncounted, to be sent again with no `ambiguous` mark. A
+/// setting that waits longer (`remote_write`, `remote_apply`) is kept.
+pub const CLAIM_SETUP: &str = "SET jit = off; SET plan_cache_mode = force_generic_plan; \
+    SELECT set_config('synchronous_commit', \
+        CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \
+             ELSE current_setting('synchronous_commit') END, false)";
 
 /// Run once on each connection of the console's pool: [`SESSION_SETUP`], and bounds on
 /// waiting. A page gives up after 60 s (`console::REQUEST_TIMEOUT`), but a statement it

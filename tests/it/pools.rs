@@ -40,6 +40,31 @@ async fn every_pool_commits_durably_and_only_claims_and_completions_use_generic_
     assert_eq!(settings(&pools.general).await, s("auto"));
 }
 
+/// Claims commit durably even where the database's or role's settings say otherwise
+/// (`off`, or `local` beside a synchronous standby): a claim undone by a crash or a
+/// failover would put its row back with the attempt uncounted, to be sent again unmarked.
+/// A stricter setting is kept, and the general pool follows the database.
+#[tokio::test]
+async fn claims_commit_durably_whatever_the_database_says() {
+    let db = TestDb::new().await;
+    for (set, hot) in [
+        ("off", "on"),
+        ("local", "on"),
+        ("remote_apply", "remote_apply"),
+    ] {
+        db.client()
+            .await
+            .batch_execute(&format!(
+                "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = {set}', current_database()); END $$"
+            ))
+            .await
+            .unwrap();
+        let pools = Pools::new(&db.database(), 2).unwrap();
+        assert_eq!(settings(&pools.hot).await.1, hot, "database says {set}");
+        assert_eq!(settings(&pools.general).await.1, set, "database says {set}");
+    }
+}
+
 /// The plan that one connection of the hot pool holds for the prepared claim.
 async fn claim_plan(client: &deadpool_postgres::Client) -> String {
     let name: String = client
