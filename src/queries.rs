@@ -846,21 +846,26 @@ SELECT (SELECT count(*) FROM moved)::bigint, (SELECT max(id) FROM cand)
 /// and deferred while it was open (due a few milliseconds either side of it). A retry of
 /// that host scheduled for the same span comes early, which is what a closed circuit
 /// allows. A first attempt comes back only if the worker moved it (the push and `DEFER`
-/// set `updated_at`; the application's insert leaves it at `created_at`): one the
-/// application scheduled keeps its time, inside the span too (without the lower bound, a
-/// row due in ten minutes was sent at the close; without the mark, one due a minute
-/// after the cooldown).
+/// set `updated_at`; the application's insert leaves it at `created_at`, and an approval
+/// sets it in the transaction that writes the `approved` history row, at the same
+/// `now()`): one the application scheduled keeps its time, inside the span too (without
+/// the lower bound, a row due in ten minutes was sent at the close; without the mark, one
+/// due a minute after the cooldown).
 /// Returns the rows moved.
 pub const BREAKER_RESTORE: &str = r#"
 WITH moved AS (
     UPDATE outbox.messages m SET run_after = now()
     WHERE m.id = ANY(ARRAY(
-        SELECT id FROM outbox.messages
-        WHERE state = 'pending' AND channel = 'webhook' AND run_after > now()
-          AND run_after >= $2::timestamptz - make_interval(secs => $4::float8)
-          AND run_after <= $2::timestamptz + make_interval(secs => $4::float8)
-          AND (attempts > 0 OR updated_at > created_at)
-          AND outbox.destination_of(channel, payload) = $1::text
+        SELECT s.id FROM outbox.messages s
+        WHERE s.state = 'pending' AND s.channel = 'webhook' AND s.run_after > now()
+          AND s.run_after >= $2::timestamptz - make_interval(secs => $4::float8)
+          AND s.run_after <= $2::timestamptz + make_interval(secs => $4::float8)
+          AND (s.attempts > 0
+               OR (s.updated_at > s.created_at
+                   AND NOT EXISTS (SELECT 1 FROM outbox.attempts a
+                                   WHERE a.message_id = s.id AND a.outcome = 'approved'
+                                     AND a.started_at = s.updated_at)))
+          AND outbox.destination_of(s.channel, s.payload) = $1::text
         LIMIT $3::bigint))
       AND m.state = 'pending' AND m.run_after > now()
     RETURNING 1

@@ -702,6 +702,21 @@ async fn the_breakers_never_send_a_first_attempt_before_its_run_after() {
     // pushed time (here 912 s ± 60 s), so that only the worker's mark tells it apart.
     enqueue_in("in-the-span", 940).await;
     let in_the_span = due_at("in-the-span").await;
+    // The same, held and then approved by an operator (which sets updated_at).
+    c.execute(
+        "SELECT outbox.enqueue('approved-in-the-span', 'webhook', \
+         '{\"url\": \"https://h.example/x\"}', now() + interval '950 s', held => true)",
+        &[],
+    )
+    .await
+    .unwrap();
+    c.batch_execute(
+        "SELECT outbox.approve(ARRAY(SELECT id FROM outbox.messages \
+         WHERE message_key = 'approved-in-the-span'), 'cli:test')",
+    )
+    .await
+    .unwrap();
+    let approved = due_at("approved-in-the-span").await;
     c.batch_execute("UPDATE outbox.messages SET attempts = 1 WHERE message_key = 'retry'")
         .await
         .unwrap();
@@ -742,6 +757,7 @@ async fn the_breakers_never_send_a_first_attempt_before_its_run_after() {
     assert_eq!(due_at("in-ten-minutes").await, in_ten_minutes);
     assert_eq!(due_at("after-cooldown").await, after_cooldown);
     assert_eq!(due_at("in-the-span").await, in_the_span);
+    assert_eq!(due_at("approved-in-the-span").await, approved);
 }
 
 /// A result the reconciliation lookup settled is the lookup host's, and an attempt held
