@@ -206,6 +206,7 @@ async fn a_host_written_another_way_has_its_own_name() {
             "xn--bcher-kva.example:8443",
         ),
         ("http://127.0.0.1:18765\\hook", "127.0.0.1:18765"),
+        ("http://evil.example\\@good.example/", "evil.example"),
         ("http://127.0.0.1:187\t65/hook", "127.0.0.1:18765"),
         ("http://a.ex\tample/hook", "a.example"),
         ("https://hooks%2Eslack.com/x", "hooks.slack.com"),
