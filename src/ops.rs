@@ -716,17 +716,35 @@ pub async fn checkpoint(
     checkpoint_as_seen(client, action, targets, actor, &[]).await
 }
 
+/// A row as an operator was shown it before an action: its state, and its version (its
+/// `updated_at` in microseconds), which tells a row that changed and changed back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// `dead`, `held`, `pending`…
+    pub state: String,
+    /// `updated_at`, in microseconds since the epoch.
+    pub version: i64,
+}
+
 /// The states of the rows with these ids, as an operator is shown them before an action
 /// ([`checkpoint_as_seen`] holds the action to them).
 pub async fn states_of<C: GenericClient>(
     client: &C,
     ids: &[i64],
-) -> Result<HashMap<i64, String>, tokio_postgres::Error> {
+) -> Result<HashMap<i64, Seen>, tokio_postgres::Error> {
     Ok(client
         .query(queries::STATES_OF, &[&ids])
         .await?
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| {
+            (
+                r.get(0),
+                Seen {
+                    state: r.get(1),
+                    version: r.get(2),
+                },
+            )
+        })
         .collect())
 }
 
@@ -741,7 +759,7 @@ pub async fn checkpoint_as_seen(
     action: &Checkpoint,
     targets: &[Target],
     actor: &str,
-    seen: &[(i64, String)],
+    seen: &[(i64, Seen)],
 ) -> Result<Vec<(i64, String)>, CheckpointError> {
     if targets.is_empty() {
         return Err(CheckpointError::Empty(action.done()));
@@ -756,24 +774,37 @@ pub async fn checkpoint_as_seen(
     }
     let ids: Vec<i64> = found.iter().map(|c| c.0).collect();
     if !seen.is_empty() {
-        let now: HashMap<i64, String> = tx
+        let now: HashMap<i64, Seen> = tx
             .query(queries::LOCK_STATES, &[&ids])
             .await?
             .iter()
-            .map(|r| (r.get(0), r.get(1)))
+            .map(|r| {
+                (
+                    r.get(0),
+                    Seen {
+                        state: r.get(1),
+                        version: r.get(2),
+                    },
+                )
+            })
             .collect();
         for (id, was) in seen {
-            match now.get(id) {
-                Some(state) if state == was => {}
-                other => {
-                    return Err(CheckpointError::Refused(format!(
-                        "message {id} is {} now, and was {} when it was shown; nothing {}",
-                        other.map_or("gone", String::as_str),
-                        crate::text::escape_truncated(was, 20),
-                        action.done()
-                    )));
-                }
-            }
+            let why = match now.get(id) {
+                Some(now) if now == was => continue,
+                Some(now) if now.state == was.state => format!(
+                    "message {id} changed since it was shown, and is {} again",
+                    now.state
+                ),
+                now => format!(
+                    "message {id} is {} now, and was {} when it was shown",
+                    now.map_or("gone", |n| n.state.as_str()),
+                    crate::text::escape_truncated(&was.state, 20),
+                ),
+            };
+            return Err(CheckpointError::Refused(format!(
+                "{why}; nothing {}",
+                action.done()
+            )));
         }
     }
     let rows = match action {

@@ -412,14 +412,21 @@ pub const IDLE_UNMARK: &str = "SELECT pg_advisory_unlock_shared(1869968482, 2)";
 /// Run once on the LISTEN connection: subscribe, and bound [`IDLE_GATE`]'s wait.
 pub const LISTEN_SETUP: &str = "SET lock_timeout = '20ms'; LISTEN outbox_messages";
 
-/// The console's confirmed actions: the named rows' states, locked in id order (the order
-/// the checkpoint functions lock them in) until the action's transaction ends.
+/// The console's confirmed actions: the named rows' states and versions ([`STATES_OF`]),
+/// locked in id order (the order the checkpoint functions lock them in) until the
+/// action's transaction ends.
 pub const LOCK_STATES: &str = r#"
-SELECT id, state FROM outbox.messages WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
+SELECT id, state, (extract(epoch FROM updated_at) * 1000000)::bigint
+FROM outbox.messages WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
 "#;
 
-/// The console's confirmation page: the named rows' states, as the operator sees them.
-pub const STATES_OF: &str = "SELECT id, state FROM outbox.messages WHERE id = ANY($1::bigint[])";
+/// The console's confirmation page: the named rows' states, as the operator sees them,
+/// and their versions (`updated_at` in microseconds: every change of state sets it, so a
+/// row that changed and changed back is told apart).
+pub const STATES_OF: &str = r#"
+SELECT id, state, (extract(epoch FROM updated_at) * 1000000)::bigint
+FROM outbox.messages WHERE id = ANY($1::bigint[])
+"#;
 
 /// Status: message counts by channel and state, exact (a read of the whole table: for
 /// `outboxd status`, not for a scrape; see [`STATE_COUNTS_BOUNDED`]).

@@ -3,8 +3,8 @@
 //! The first POST (from a listing's or a message's buttons) changes nothing: it resolves
 //! the rows (the selected ids, or what the filter matches now, at most
 //! [`MAX_ACTION_ROWS`]) and shows a confirmation page saying how many rows the action
-//! touches and which. That page posts the same ids, by id, with the state each was in
-//! (`seen=ID:STATE`) and `confirmed=yes`; only then does the action run, through
+//! touches and which. That page posts the same ids, by id, with the state and version
+//! each was in (`seen=ID:STATE:VERSION`) and `confirmed=yes`; only then does the action run, through
 //! [`crate::ops::replay`] or [`crate::ops::checkpoint_as_seen`] (which holds each row to
 //! the state it was shown in: `cancel` takes several states) — the
 //! CLI's functions, so the SQL functions, their all-or-nothing rule and their history rows
@@ -188,13 +188,19 @@ pub(crate) async fn post(
         .iter()
         .filter(|(k, _)| k == "seen")
         .map(|(_, v)| {
-            let (id, state) = v
-                .split_once(':')
-                .ok_or_else(|| bad("a seen state must be ID:STATE"))?;
+            let mut parts = v.splitn(3, ':');
+            let (Some(id), Some(state), Some(version)) = (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(bad("a seen state must be ID:STATE:VERSION"));
+            };
             let id = super::message::parse_id(id).map_err(unchanged)?;
-            Ok((id, state.to_owned()))
+            let version = version
+                .parse::<i64>()
+                .map_err(|_| bad("a seen state must be ID:STATE:VERSION"))?;
+            let state = state.to_owned();
+            Ok((id, crate::ops::Seen { state, version }))
         })
-        .collect::<Result<Vec<(i64, String)>, Failure>>()?;
+        .collect::<Result<Vec<_>, Failure>>()?;
 
     let targets: Vec<Target> = chosen.iter().map(|(id, _)| Target::Id(*id)).collect();
     let actor = signed.actor();
@@ -261,7 +267,7 @@ fn confirmation(
     signed: &Signed,
     verb: Verb,
     chosen: &[(i64, String)],
-    states: &std::collections::HashMap<i64, String>,
+    states: &std::collections::HashMap<i64, crate::ops::Seen>,
     matching: usize,
 ) -> axum::response::Html<String> {
     let n = chosen.len();
@@ -286,8 +292,8 @@ fn confirmation(
                 input type="hidden" name="confirmed" value="yes";
                 @for (id, _) in chosen {
                     input type="hidden" name="id" value=(id);
-                    @if let Some(state) = states.get(id) {
-                        input type="hidden" name="seen" value={ (id) ":" (state) };
+                    @if let Some(seen) = states.get(id) {
+                        input type="hidden" name="seen" value={ (id) ":" (seen.state) ":" (seen.version) };
                     }
                 }
                 @if verb == Verb::Cancel {

@@ -1188,13 +1188,10 @@ async fn a_payload_with_bidi_overrides_is_shown_escaped() {
     assert!(page.contains("\\u{2066}ok"), "{page}");
 }
 
-/// An action on rows another transaction holds gives up within the console's lock timeout
-/// (10 s) with an error page that says so, and changes nothing, then or later. Before, it
-/// waited past the page's own 60 s and answered "timed out", its statement still waiting
-/// in the server and holding one of the console's connections.
 /// The confirmed action holds each row to the state the confirmation page showed: a dead
 /// letter replayed by someone else between the page and its button is not cancelled (the
-/// SQL function takes pending rows too, and used to), and the page says why.
+/// SQL function takes pending rows too, and used to), nor one replayed and dead again (a
+/// different failure), and the page says why.
 #[tokio::test]
 async fn a_row_that_changed_state_after_the_confirmation_page_is_not_touched() {
     let db = TestDb::new().await;
@@ -1202,73 +1199,123 @@ async fn a_row_that_changed_state_after_the_confirmation_page_is_not_touched() {
     let b = dead_email(&db, "seen:b").await;
     let console = Console::start(&db);
     let s = sign_in(&console, "alice").await;
-    let page = post_form(
-        &console.url("/action"),
-        Some(&s.cookie),
-        form(&[("csrf", &s.csrf), ("do", "cancel:filter"), ("from", "dead")]),
-    )
-    .await
-    .text()
-    .await
-    .unwrap();
-    // The page's own form, field by field, as the browser would post it.
-    let mut fields: Vec<(String, String)> = page
-        .split("<input type=\"hidden\" ")
-        .skip(1)
-        .filter_map(|tag| {
-            let name = tag.split("name=\"").nth(1)?.split('"').next()?;
-            let value = tag.split("value=\"").nth(1)?.split('"').next()?;
-            Some((name.to_owned(), value.to_owned()))
-        })
-        .collect();
+    // The confirmation page's own form, field by field, as the browser would post it.
+    let confirm = |pairs: Vec<(&'static str, String)>| {
+        let console = &console;
+        let s = &s;
+        async move {
+            let mut all: Vec<(&str, &str)> = vec![("csrf", s.csrf.as_str())];
+            all.extend(pairs.iter().map(|(k, v)| (*k, v.as_str())));
+            let page = post_form(&console.url("/action"), Some(&s.cookie), form(&all))
+                .await
+                .text()
+                .await
+                .unwrap();
+            let mut fields: Vec<(String, String)> = page
+                .split("<input type=\"hidden\" ")
+                .skip(1)
+                .filter_map(|tag| {
+                    let name = tag.split("name=\"").nth(1)?.split('"').next()?;
+                    let value = tag.split("value=\"").nth(1)?.split('"').next()?;
+                    Some((name.to_owned(), value.to_owned()))
+                })
+                .collect();
+            fields.push(("reason".into(), "not needed".into()));
+            fields
+        }
+    };
+    let fields = confirm(vec![
+        ("do", "cancel:filter".into()),
+        ("from", "dead".into()),
+    ])
+    .await;
     let seen: Vec<&str> = fields
         .iter()
         .filter(|(k, _)| k == "seen")
         .map(|(_, v)| v.as_str())
         .collect();
-    assert_eq!(seen, [format!("{a}:dead"), format!("{b}:dead")], "{page}");
+    assert_eq!(seen.len(), 2, "{fields:?}");
+    assert!(seen[0].starts_with(&format!("{a}:dead:")), "{seen:?}");
+    assert!(seen[1].starts_with(&format!("{b}:dead:")), "{seen:?}");
+    let post = |fields: Vec<(String, String)>| {
+        let console = &console;
+        let s = &s;
+        async move {
+            let pairs: Vec<(&str, &str)> = fields
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            post_form(&console.url("/action"), Some(&s.cookie), form(&pairs)).await
+        }
+    };
     // Another operator replays one of them meanwhile.
     let mut c = db.client().await;
-    outboxd::ops::replay(
-        &mut c,
-        &outboxd::ops::ReplaySelection::Named(vec![outboxd::ops::Target::Id(a)]),
-        "cli:bob",
-        false,
-    )
-    .await
-    .unwrap();
+    let replay = |id: i64| outboxd::ops::ReplaySelection::Named(vec![outboxd::ops::Target::Id(id)]);
+    outboxd::ops::replay(&mut c, &replay(a), "cli:bob", false)
+        .await
+        .unwrap();
     let before = snapshot(&db).await;
-    fields.push(("reason".into(), "not needed".into()));
-    let pairs: Vec<(&str, &str)> = fields
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let res = post_form(&console.url("/action"), Some(&s.cookie), form(&pairs)).await;
+    let res = post(fields).await;
     assert_eq!(res.status(), 409);
-    let page = res.text().await.unwrap();
+    let line = error_line(&res.text().await.unwrap());
     assert!(
-        error_line(&page).contains(&format!(
+        line.contains(&format!(
             "message {a} is pending now, and was dead when it was shown; nothing cancelled"
         )),
-        "{}",
-        error_line(&page)
+        "{line}"
     );
     assert_eq!(snapshot(&db).await, before);
     assert_eq!(crate::common::row(&db, "seen:a").await.state, "pending");
     assert_eq!(crate::common::row(&db, "seen:b").await.state, "dead");
+
+    // Replayed and dead again between the page and the button: another failure, another
+    // decision.
+    let fields = confirm(vec![
+        ("do", "cancel:selected".into()),
+        ("id", b.to_string()),
+    ])
+    .await;
+    outboxd::ops::replay(&mut c, &replay(b), "cli:bob", false)
+        .await
+        .unwrap();
+    c.execute(
+        "UPDATE outbox.messages SET state = 'dead', dead_at = now(), updated_at = now(), \
+         error_class = 'permanent' WHERE id = $1",
+        &[&b],
+    )
+    .await
+    .unwrap();
+    let before = snapshot(&db).await;
+    let res = post(fields).await;
+    assert_eq!(res.status(), 409);
+    let line = error_line(&res.text().await.unwrap());
+    assert!(
+        line.contains(&format!(
+            "message {b} changed since it was shown, and is dead again; nothing cancelled"
+        )),
+        "{line}"
+    );
+    assert_eq!(snapshot(&db).await, before);
+
     // A forged state is a bad request, and changes nothing either.
-    let forged = form(&[
-        ("csrf", &s.csrf),
-        ("do", "cancel:selected"),
-        ("id", &b.to_string()),
-        ("seen", "x:dead"),
-        ("confirmed", "yes"),
-    ]);
-    let res = post_form(&console.url("/action"), Some(&s.cookie), forged).await;
-    assert_eq!(res.status(), 400);
+    for forged in ["x:dead:1", "1:dead", "1:dead:x"] {
+        let res = post(vec![
+            ("csrf".into(), s.csrf.clone()),
+            ("do".into(), "cancel:selected".into()),
+            ("id".into(), b.to_string()),
+            ("seen".into(), forged.into()),
+            ("confirmed".into(), "yes".into()),
+        ])
+        .await;
+        assert_eq!(res.status(), 400, "{forged}");
+    }
     assert_eq!(snapshot(&db).await, before);
 }
 
+/// An action on rows another transaction holds gives up within the console's lock timeout
+/// (10 s) with an error page that says so, and changes nothing, then or later. Before, it
+/// waited past the page's own 60 s and answered "timed out", its statement still waiting
+/// in the server and holding one of the console's connections.
 #[tokio::test]
 async fn an_action_on_rows_held_elsewhere_gives_up_and_changes_nothing() {
     let db = TestDb::new().await;
