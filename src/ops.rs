@@ -303,13 +303,13 @@ pub fn redact_payload(channel: &str, mut payload: serde_json::Value) -> serde_js
                 }
                 Value::Object(r)
             }
-            // What the worker reads and an operator needs to judge a replay. Anything
-            // else the application put there is the worker's to ignore, and may be a token.
-            ("body" | "method" | "secret" | "store_response" | "reconcile", v)
-                if channel == "webhook" =>
-            {
-                v
-            }
+            // What the worker reads and an operator needs to judge a replay, in the shapes
+            // the worker takes (anything else is refused as invalid, and may hold a token:
+            // a reconcile URL written as a bare string). Anything else the application put
+            // there is the worker's to ignore, and may be a token too.
+            ("body", v) if channel == "webhook" => v,
+            ("method" | "secret", v @ Value::String(_)) if channel == "webhook" => v,
+            ("store_response", v @ Value::Bool(_)) if channel == "webhook" => v,
             (_, Value::Null) if channel == "webhook" => Value::Null,
             (_, _) if channel == "webhook" => Value::String("[redacted]".into()),
             (_, Value::Null) => Value::Null,
@@ -956,6 +956,17 @@ mod tests {
                 "store_response": true, "token": "[redacted]", "extra": "[redacted]", "none": null,
                 "reconcile": {"url": "https://l.example/[redacted]", "token": "[redacted]",
                     "n": "[redacted]"}})
+        );
+        // In shapes the worker refuses, each is hidden too.
+        let r = redact_payload(
+            "webhook",
+            serde_json::json!({"reconcile": "https://l.example/ops?t=SECRET",
+                "method": {"t": "SECRET"}, "secret": ["SECRET"], "store_response": "SECRET"}),
+        );
+        assert_eq!(
+            r,
+            serde_json::json!({"reconcile": "[redacted]", "method": "[redacted]",
+                "secret": "[redacted]", "store_response": "[redacted]"})
         );
         let r = redact_payload(
             "webhook",

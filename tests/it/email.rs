@@ -750,6 +750,9 @@ async fn too_many_recipients_for_the_relay_is_named_in_the_error() {
     for a in ["c@example.com", "d@example.com"] {
         limit.rcpt.insert(a.into(), too_many.clone());
     }
+    limit
+        .rcpt
+        .insert("e@example.com".into(), reply("450 4.2.1 Mailbox busy"));
     fake.plan([limit.clone(), limit]);
     enqueue_email(
         &db,
@@ -759,6 +762,7 @@ async fn too_many_recipients_for_the_relay_is_named_in_the_error() {
             "b@example.com",
             "c@example.com",
             "d@example.com",
+            "e@example.com",
         ]),
         2,
         true,
@@ -771,7 +775,9 @@ async fn too_many_recipients_for_the_relay_is_named_in_the_error() {
     let err = r.last_error.clone().unwrap();
     assert!(
         err.contains("SMTP 452 4.5.3")
-            && err.contains("took 2 of 4 recipients and deferred 2 as too many for one message"),
+            && err.contains(
+                "took 2 of 5 recipients and deferred 2 as too many for one message (and 1 for other reasons)"
+            ),
         "{err}"
     );
     assert!(fake.received().is_empty(), "no DATA: all or none");

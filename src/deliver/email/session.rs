@@ -168,7 +168,7 @@ impl Inner {
         let mut deferred: Vec<(u16, Option<String>, lettre::transport::smtp::Error)> = Vec::new();
         let mut closing = false;
         let mut accepted = 0usize;
-        let mut over_limit = false;
+        let mut over_limit = 0usize;
         for rcpt in envelope.to() {
             match conn.command(Rcpt::new(rcpt.clone(), vec![])).await {
                 Ok(_) => accepted += 1,
@@ -178,9 +178,12 @@ impl Inner {
                             .map(|s| s.to_string())
                             .and_then(|t| enhanced_status(&t));
                         closing |= code == 421;
-                        over_limit |= accepted > 0
+                        if accepted > 0
                             && code < 500
-                            && enhanced.as_deref() == Some(TOO_MANY_RECIPIENTS);
+                            && enhanced.as_deref() == Some(TOO_MANY_RECIPIENTS)
+                        {
+                            over_limit += 1;
+                        }
                         if code >= 500 {
                             refused.push((code, enhanced, e));
                         } else {
@@ -203,7 +206,7 @@ impl Inner {
         // attempt meets the same limit, but the contract makes every SMTP 4xx transient,
         // so the message is retried to `exhausted`; its error says why, and what to do.
         // Before any recipient was taken the code says nothing about the count.
-        let over_limit = over_limit && n_refused == 0;
+        let over_limit = if n_refused == 0 { over_limit } else { 0 };
         // A 5xx decides (the message can never reach every recipient), so the first
         // refusal is reported before any deferral.
         if let Some((code, enhanced, source)) = refused.into_iter().chain(deferred).next() {
@@ -212,9 +215,13 @@ impl Inner {
             } else {
                 (n_deferred, "deferred")
             };
-            let what = if over_limit {
+            let what = if over_limit > 0 {
+                let others = match n_deferred - over_limit {
+                    0 => String::new(),
+                    n => format!(" (and {n} for other reasons)"),
+                };
                 format!(
-                    "the relay took {accepted} of {total} recipients and deferred {n_deferred} as too many for one message, which every attempt will meet; no DATA sent (a message goes to all its recipients or to none: enqueue it as several messages)"
+                    "the relay took {accepted} of {total} recipients and deferred {over_limit} as too many for one message{others}, which every attempt will meet; no DATA sent (a message goes to all its recipients or to none: enqueue it as several messages)"
                 )
             } else {
                 format!(
