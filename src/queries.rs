@@ -38,8 +38,8 @@ pub const SESSION_SETUP: &str = "SET jit = off";
 /// And claims commit durably whatever the role or database says: a claim counts an attempt
 /// before it is sent, and one undone by a crash of PostgreSQL (`synchronous_commit = off`)
 /// or lost in a failover to a standby that never had it (`local`) puts the row back
-/// `pending` with the attempt uncounted, to be sent again with no `ambiguous` mark. A
-/// setting that waits longer (`remote_write`, `remote_apply`) is kept.
+/// `pending` with the attempt uncounted, to be sent again with no `ambiguous` mark. The
+/// settings that wait for a standby (`remote_write`, `remote_apply`) are kept.
 pub const CLAIM_SETUP: &str = "SET jit = off; SET plan_cache_mode = force_generic_plan; \
     SELECT set_config('synchronous_commit', \
         CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \

@@ -62,8 +62,9 @@ impl Pools {
 
 /// One pool for everything, with its own settings (an application embedding the worker
 /// with a pool it made): plans stay PostgreSQL's choice unless that pool's setup says
-/// otherwise, every commit is durable, and the worker leaves the pool's statement cache
-/// alone.
+/// otherwise, commits are as durable as that pool's `synchronous_commit` makes them (the
+/// worker's own pools raise `off` and `local` for claims; this one is the application's),
+/// and the worker leaves the pool's statement cache alone.
 impl From<Pool> for Pools {
     fn from(pool: Pool) -> Pools {
         Pools {
