@@ -1309,6 +1309,24 @@ async fn a_row_that_changed_state_after_the_confirmation_page_is_not_touched() {
         .await;
         assert_eq!(res.status(), 400, "{forged}");
     }
+    // A hostile state is named escaped and cut short, never as markup.
+    let hostile = format!(
+        "{b}:<script>alert(1)</script>\u{1b}[2J{}:1",
+        "x".repeat(5000)
+    );
+    let res = post(vec![
+        ("csrf".into(), s.csrf.clone()),
+        ("do".into(), "cancel:selected".into()),
+        ("id".into(), b.to_string()),
+        ("seen".into(), hostile),
+        ("confirmed".into(), "yes".into()),
+    ])
+    .await;
+    assert_eq!(res.status(), 409);
+    let page = res.text().await.unwrap();
+    assert!(!page.contains("<script>alert"), "{page}");
+    assert!(!page.contains('\u{1b}'), "{page}");
+    assert!(!page.contains(&"x".repeat(100)), "{}", error_line(&page));
     assert_eq!(snapshot(&db).await, before);
 }
 
