@@ -736,16 +736,19 @@ pub async fn states_of<C: GenericClient>(
         .query(queries::STATES_OF, &[&ids])
         .await?
         .iter()
-        .map(|r| {
-            (
-                r.get(0),
-                Seen {
-                    state: r.get(1),
-                    version: r.get(2),
-                },
-            )
-        })
+        .map(seen_of)
         .collect())
+}
+
+/// A row of [`queries::STATES_OF`] or [`queries::LOCK_STATES`]: id, state, version.
+fn seen_of(r: &tokio_postgres::Row) -> (i64, Seen) {
+    (
+        r.get(0),
+        Seen {
+            state: r.get(1),
+            version: r.get(2),
+        },
+    )
 }
 
 /// [`checkpoint`], refused unless each message in `seen` (id, state) is still in the state
@@ -778,15 +781,7 @@ pub async fn checkpoint_as_seen(
             .query(queries::LOCK_STATES, &[&ids])
             .await?
             .iter()
-            .map(|r| {
-                (
-                    r.get(0),
-                    Seen {
-                        state: r.get(1),
-                        version: r.get(2),
-                    },
-                )
-            })
+            .map(seen_of)
             .collect();
         for (id, was) in seen {
             let why = match now.get(id) {

@@ -1134,6 +1134,32 @@ async fn pools_behind_a_cutter(
     (pools, cutter)
 }
 
+/// What a lost claim leaves once its row is delivered: the cut happened, the row was given
+/// back uncounted (`released`) and then delivered by one attempt, one request in all.
+async fn assert_given_back_then_sent_once(
+    db: &TestDb,
+    key: &str,
+    row: &Row,
+    cutter: &common::cutter::Cutter,
+    rx: &Receiver,
+) {
+    assert!(
+        cutter.has_cut(),
+        "no answer was cut: this test showed nothing"
+    );
+    assert_eq!(row.attempts, 1, "the lost claim's attempt was not counted");
+    let outcomes: Vec<(i32, String)> = attempts(db, key)
+        .await
+        .into_iter()
+        .map(|a| (a.0, a.1))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [(1, "released".to_owned()), (1, "delivered".to_owned())]
+    );
+    assert_eq!(rx.requests().len(), 1);
+}
+
 /// A claim whose answer is lost after its statement committed (here the connection is cut
 /// as the claimed rows come back) leaves rows leased to this worker that no task holds.
 /// They go back at once, uncounted, and are claimed and sent again; before, they waited for
@@ -1158,28 +1184,14 @@ async fn a_claim_whose_answer_is_lost_gives_its_rows_back() {
     // Well inside the 10 s lease: the rows came back at once, not at the lease's end.
     let row = wait_for_state(&db, key, "delivered", Duration::from_secs(6)).await;
     w.stop().await;
-    assert!(
-        cutter.has_cut(),
-        "no answer was cut: this test showed nothing"
-    );
-    assert_eq!(row.attempts, 1, "the lost claim's attempt was not counted");
-    let outcomes: Vec<(i32, String)> = attempts(&db, key)
-        .await
-        .into_iter()
-        .map(|a| (a.0, a.1))
-        .collect();
-    assert_eq!(
-        outcomes,
-        [(1, "released".to_owned()), (1, "delivered".to_owned())]
-    );
-    assert_eq!(rx.requests().len(), 1);
+    assert_given_back_then_sent_once(&db, key, &row, &cutter, &rx).await;
 }
 
 /// The same, when the database stays away longer than the first tries (a restart or a
 /// failover after the claim committed): the rows are given back once it answers again,
-/// within the lease (here 60 s, against an 8 s outage). Before, three tries within 6 s all failed, and the rows waited for
-/// their leases: an attempt counted though nothing was sent, and with `retry_ambiguous =
-/// false` a dead `ambiguous` letter.
+/// within the lease (here 60 s, against an 8 s outage). Before, three tries within 6 s all
+/// failed, and the rows waited for their leases: an attempt counted though nothing was
+/// sent, and with `retry_ambiguous = false` a dead `ambiguous` letter.
 #[tokio::test]
 async fn a_lost_claims_rows_come_back_after_an_outage_longer_than_the_first_tries() {
     let db = TestDb::new().await;
@@ -1214,21 +1226,7 @@ async fn a_lost_claims_rows_come_back_after_an_outage_longer_than_the_first_trie
     .await;
     let row = wait_for_state(&db, key, "delivered", Duration::from_secs(60)).await;
     w.stop().await;
-    assert!(
-        cutter.has_cut(),
-        "no answer was cut: this test showed nothing"
-    );
-    assert_eq!(row.attempts, 1, "the lost claim's attempt was not counted");
-    let outcomes: Vec<(i32, String)> = attempts(&db, key)
-        .await
-        .into_iter()
-        .map(|a| (a.0, a.1))
-        .collect();
-    assert_eq!(
-        outcomes,
-        [(1, "released".to_owned()), (1, "delivered".to_owned())]
-    );
-    assert_eq!(rx.requests().len(), 1);
+    assert_given_back_then_sent_once(&db, key, &row, &cutter, &rx).await;
 }
 
 /// A completion whose answer is lost after it committed is tried again; the second try
