@@ -27,6 +27,26 @@ pub const COOKIE: &str = "outboxd_session";
 /// (a right token too) is refused until the window ends.
 const MAX_FAILURES: u32 = 5;
 const WINDOW: Duration = Duration::from_secs(60);
+/// Most client networks with failed sign-ins kept within [`WINDOW`]: bounds the table's
+/// memory; past it a network that has not failed yet is refused until entries age out.
+const MAX_FAILING_NETWORKS: usize = 10_000;
+
+/// What failed sign-ins are counted by: an IPv4 address, or an IPv6 address's /64 (one
+/// host usually holds a whole /64, so counting its addresses one by one gave it 2^64
+/// times [`MAX_FAILURES`] guesses a minute); an IPv4-mapped IPv6 address is its IPv4.
+fn client_network(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
 /// Most sessions held at once: past it a sign-in signs the oldest session out, so that
 /// memory stays bounded.
 const MAX_SESSIONS: usize = 1000;
@@ -75,14 +95,18 @@ impl Auth {
         }
     }
 
-    /// Refuses a client address that failed too often lately.
+    /// Refuses a client network that failed too often lately ([`client_network`]), and
+    /// every new one while [`MAX_FAILING_NETWORKS`] have failed within the window.
     fn check_rate(&self, ip: IpAddr) -> Result<(), Failure> {
         let mut f = crate::support::lock(&self.failures);
         let now = Instant::now();
         f.retain(|_, (since, _)| now.duration_since(*since) < WINDOW);
-        match f.get(&ip) {
+        match f.get(&client_network(ip)) {
             Some((_, n)) if *n >= MAX_FAILURES => Err(Failure::TooMany(
                 "too many failed sign-ins from this address; try again in a minute".into(),
+            )),
+            None if f.len() >= MAX_FAILING_NETWORKS => Err(Failure::TooMany(
+                "too many failed sign-ins lately; try again in a minute".into(),
             )),
             _ => Ok(()),
         }
@@ -90,7 +114,7 @@ impl Auth {
 
     fn record_failure(&self, ip: IpAddr) {
         let mut f = crate::support::lock(&self.failures);
-        let e = f.entry(ip).or_insert((Instant::now(), 0));
+        let e = f.entry(client_network(ip)).or_insert((Instant::now(), 0));
         e.1 += 1;
     }
 
@@ -394,6 +418,45 @@ mod tests {
         assert!(!auth.cookie(&id, 60).contains("Secure"));
         auth.remove(&id);
         assert!(auth.find(&id).is_none());
+    }
+
+    /// Failures count per IPv4 address and per IPv6 /64: the addresses of one /64 share
+    /// their five tries; another /64 and another IPv4 address have their own; and the
+    /// table of failing networks is bounded.
+    #[test]
+    fn failed_sign_ins_count_per_network() {
+        let auth = Auth::new(
+            Some("a-token-of-some-length"),
+            Duration::from_secs(60),
+            false,
+        );
+        let in_64 = |i: u16| IpAddr::V6(std::net::Ipv6Addr::new(0x2001, 0xdb8, 1, 2, i, i, i, i));
+        for i in 0..MAX_FAILURES as u16 {
+            assert!(auth.check_rate(in_64(i)).is_ok());
+            auth.record_failure(in_64(i));
+        }
+        assert!(
+            auth.check_rate(in_64(999)).is_err(),
+            "another address of the /64"
+        );
+        let other_64 = IpAddr::V6(std::net::Ipv6Addr::new(0x2001, 0xdb8, 1, 3, 0, 0, 0, 1));
+        assert!(auth.check_rate(other_64).is_ok());
+        let v4: IpAddr = "192.0.2.7".parse().unwrap();
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        for _ in 0..MAX_FAILURES {
+            auth.record_failure(mapped);
+        }
+        assert!(
+            auth.check_rate(v4).is_err(),
+            "an IPv4-mapped address is its IPv4"
+        );
+        assert!(auth.check_rate("192.0.2.8".parse().unwrap()).is_ok());
+        // Bounded: past MAX_FAILING_NETWORKS networks, a new one waits.
+        for i in 0..MAX_FAILING_NETWORKS as u32 {
+            auth.record_failure(IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i)));
+        }
+        assert!(auth.check_rate("198.51.100.1".parse().unwrap()).is_err());
+        assert!(crate::support::lock(&auth.failures).len() <= MAX_FAILING_NETWORKS + 2);
     }
 
     #[test]
