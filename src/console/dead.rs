@@ -133,7 +133,10 @@ pub(crate) async fn page(
         section.scroll {
             p id="match-count" { (total) " dead letter" @if total != 1 { "s" } " match." }
             @if rows.is_empty() {
-                p.muted { "No dead letters." }
+                p.muted { "No dead letters" @if q.page > 1 { " on this page" } "." }
+                @if q.page > 1 {
+                    (layout::past_the_end(&with_query("/dead", &filter_query(f)), total, PAGE_SIZE))
+                }
             } @else {
                 form method="post" action="/action" id="rows" {
                     input type="hidden" name="csrf" value=(signed.csrf);

@@ -60,7 +60,10 @@ pub(crate) async fn page(
         section.scroll {
             p id="match-count" { (total) " held message" @if total != 1 { "s" } " match." }
             @if rows.is_empty() {
-                p.muted { "No held messages." }
+                p.muted { "No held messages" @if page > 1 { " on this page" } "." }
+                @if page > 1 {
+                    (layout::past_the_end(&with_query("/held", &filter_query(&f)), total, PAGE_SIZE))
+                }
             } @else {
                 form method="post" action="/action" id="rows" {
                     input type="hidden" name="csrf" value=(signed.csrf);

@@ -109,6 +109,20 @@ pub(crate) fn pager(base: &str, page: i64, total: i64, size: i64) -> Markup {
     }
 }
 
+/// In place of an empty page past the last (its rows acted on or purged meanwhile): the
+/// way back to the last page that has rows, or to the first.
+pub(crate) fn past_the_end(base: &str, total: i64, size: i64) -> Markup {
+    let last = ((total + size - 1) / size).max(1);
+    let sep = if base.contains('?') { '&' } else { '?' };
+    html! {
+        div.pager {
+            a href={ (base) (sep) "page=" (last) } rel="prev" id="last-page" {
+                "← page " (last) ", the last"
+            }
+        }
+    }
+}
+
 /// The filter form's channel picker (`name="channel"`), with `chosen` selected.
 pub(crate) fn channel_select(chosen: Option<crate::model::Channel>) -> Markup {
     html! {

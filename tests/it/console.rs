@@ -859,6 +859,24 @@ async fn dead_letters_page_by_fifty_and_filter_by_class_and_age() {
         .await
         .unwrap();
     assert_eq!(rows(&p2), 11);
+    // A page past the last (its rows acted on meanwhile) leads back to the last one.
+    let p5 = get(&console.url("/dead?page=5&class=permanent"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(rows(&p5), 0);
+    assert!(
+        p5.contains("No dead letters on this page")
+            && p5.contains("href=\"/dead?class=permanent&amp;page=2\""),
+        "{p5}"
+    );
+    let p5 = get(&console.url("/dead?page=5"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(p5.contains("href=\"/dead?page=2\""), "{p5}");
     let amb = get(&console.url("/dead?class=ambiguous"), &s.cookie)
         .await
         .text()
