@@ -487,18 +487,18 @@ async fn drain_done(shared: &Shared) -> Result<bool, String> {
 /// they would count an attempt never made, as ambiguous. So every row still leased under
 /// the claim's token goes back uncounted (`claim::release_lost_claim`), now and twice more
 /// within a few seconds, for a statement that commits late. A pass that fails (the
-/// database restarting or failing over, which is when answers get lost) is tried again,
-/// after 1 s and then twice as long each time up to [`LOST_CLAIM_RETRY_MAX`], until one
-/// gets through or the claim's lease has run out, when the rows are the lease sweep's
-/// anyway: three fixed tries within 6 s lost them to a restart that took longer. (Each
-/// failed claim of an outage has such a task; the claim loop's own backoff spaces them.)
+/// database restarting or failing over, which is when answers get lost) is tried again on
+/// the worker's database [`Backoff`] until one gets through or the claim's lease has run
+/// out, when the rows are the lease sweep's anyway: three fixed tries within 6 s lost them
+/// to a restart that took longer. (Each failed claim of an outage has such a task; the
+/// claim loop's own backoff spaces them, and the jitter spreads their tries.)
 /// Through the general pool: the hot pool's connection may be what was lost.
 fn release_lost_claim(shared: Arc<Shared>, token: uuid::Uuid, claimed_at: Instant) {
     tokio::spawn(async move {
         let give_up = claimed_at + shared.cfg.lease;
         let mut passes = [Duration::from_secs(1), Duration::from_secs(5)].into_iter();
         let mut wait = Duration::ZERO;
-        let mut retry = Duration::from_secs(1);
+        let mut retry = Backoff::new();
         loop {
             tokio::time::sleep(wait).await;
             let released = bounded(async {
@@ -523,12 +523,12 @@ fn release_lost_claim(shared: Arc<Shared>, token: uuid::Uuid, claimed_at: Instan
                         None => return,
                     }
                 }
-                Err(e) if Instant::now() + retry < give_up => {
-                    tracing::debug!(error = %e, "could not give back the rows of a lost claim yet; trying again");
-                    wait = retry;
-                    retry = (retry * 2).min(LOST_CLAIM_RETRY_MAX);
-                }
                 Err(e) => {
+                    wait = retry.next();
+                    if Instant::now() + wait < give_up {
+                        tracing::debug!(error = %e, "could not give back the rows of a lost claim yet; trying again");
+                        continue;
+                    }
                     tracing::warn!(
                         error = %e,
                         "could not give back the rows of a lost claim; they are settled when their leases expire"
@@ -539,6 +539,3 @@ fn release_lost_claim(shared: Arc<Shared>, token: uuid::Uuid, claimed_at: Instan
         }
     });
 }
-
-/// The longest wait between two tries to give back a lost claim's rows.
-const LOST_CLAIM_RETRY_MAX: Duration = Duration::from_secs(8);
