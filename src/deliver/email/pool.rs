@@ -16,7 +16,7 @@ use lettre::transport::smtp::commands::Rset;
 use lettre::transport::smtp::extension::ClientId;
 use tokio::sync::Semaphore;
 
-use super::reply::{Phase, from_smtp_error};
+use super::reply::{Phase, connection_error, from_smtp_error};
 use crate::deliver::DeliveryError;
 use crate::deliver::email::settings::SmtpTls;
 use crate::model::ErrorClass;
@@ -116,14 +116,8 @@ impl Inner {
         let addrs: Vec<SocketAddr> = tokio::net::lookup_host((self.host.as_str(), self.port))
             .await
             .map_err(|e| {
-                DeliveryError::new(
-                    ErrorClass::Transient,
-                    format!(
-                        "{} with {} failed: resolving its name: {e}",
-                        Phase::Session.describe(),
-                        self.relay
-                    ),
-                )
+                let detail = format!("resolving its name: {e}");
+                connection_error(Phase::Session, &self.relay, &detail, Box::new(e))
             })?
             .collect();
         let mut conn = connect_any(&addrs, self.timeout, &self.hello, implicit)

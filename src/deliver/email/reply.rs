@@ -168,6 +168,17 @@ pub(super) fn from_smtp_error(
             .join(": ");
         if d.is_empty() { err.to_string() } else { d }
     };
+    connection_error(phase, relay, &detail, Box::new(err))
+}
+
+/// A failure with no reply (the connection, TLS, the relay's name), classed in its phase:
+/// `detail` is safe to store.
+pub(super) fn connection_error(
+    phase: Phase,
+    relay: &str,
+    detail: &str,
+    source: Box<dyn std::error::Error + Send + Sync>,
+) -> DeliveryError {
     let class = classify(phase, Fault::Connection);
     let message = match phase {
         Phase::EndOfData => format!(
@@ -178,7 +189,7 @@ pub(super) fn from_smtp_error(
     };
     DeliveryError {
         response: Some(serde_json::json!({ "phase": phase.key() })),
-        source: Some(Box::new(err)),
+        source: Some(source),
         ..DeliveryError::new(class, message)
     }
 }
