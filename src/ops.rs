@@ -751,7 +751,7 @@ fn seen_of(r: &tokio_postgres::Row) -> (i64, Seen) {
     )
 }
 
-/// [`checkpoint`], refused unless each message in `seen` (id, state) is still in the state
+/// [`checkpoint`], refused unless each message in `seen` is still in the state and version
 /// the operator saw when they asked for it (the console's confirmation page). `cancel`
 /// takes held, pending and dead rows alike, so without this a message replayed or
 /// approved by someone else between the page and its button was cancelled all the same.

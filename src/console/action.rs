@@ -4,11 +4,11 @@
 //! the rows (the selected ids, or what the filter matches now, at most
 //! [`MAX_ACTION_ROWS`]) and shows a confirmation page saying how many rows the action
 //! touches and which. That page posts the same ids, by id, with the state and version
-//! each was in (`seen=ID:STATE:VERSION`) and `confirmed=yes`; only then does the action run, through
-//! [`crate::ops::replay`] or [`crate::ops::checkpoint_as_seen`] (which holds each row to
-//! the state it was shown in: `cancel` takes several states) — the
-//! CLI's functions, so the SQL functions, their all-or-nothing rule and their history rows
-//! are the same, with `console:<name>` as the actor. A row that changed state between the
+//! each was in (`seen=ID:STATE:VERSION`) and `confirmed=yes`; only then does the action
+//! run, through [`crate::ops::replay`] or [`crate::ops::checkpoint_as_seen`] (which holds
+//! each row to the state it was shown in: `cancel` takes several states) — the CLI's
+//! functions, so the SQL functions, their all-or-nothing rule and their history rows are
+//! the same, with `console:<name>` as the actor. A row that changed state between the
 //! two steps makes the whole action refused, naming it. Both steps check the CSRF token.
 
 use axum::extract::State;

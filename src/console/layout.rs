@@ -94,16 +94,15 @@ pub(crate) fn error_page(status: StatusCode, line: &str) -> Html<String> {
 /// A pager's links: previous and next pages of `base` (a path and its query without
 /// `page`), when there are any.
 pub(crate) fn pager(base: &str, page: i64, total: i64, size: i64) -> Markup {
-    let pages = ((total + size - 1) / size).max(1);
-    let sep = if base.contains('?') { '&' } else { '?' };
+    let pages = page_count(total, size);
     html! {
         div.pager {
             @if page > 1 {
-                a href={ (base) (sep) "page=" (page - 1) } rel="prev" { "← previous" }
+                a href=(page_href(base, page - 1)) rel="prev" { "← previous" }
             }
             span.muted { "page " (page) " of " (pages) }
             @if page < pages {
-                a href={ (base) (sep) "page=" (page + 1) } rel="next" { "next →" }
+                a href=(page_href(base, page + 1)) rel="next" { "next →" }
             }
         }
     }
@@ -112,15 +111,25 @@ pub(crate) fn pager(base: &str, page: i64, total: i64, size: i64) -> Markup {
 /// In place of an empty page past the last (its rows acted on or purged meanwhile): the
 /// way back to the last page that has rows, or to the first.
 pub(crate) fn past_the_end(base: &str, total: i64, size: i64) -> Markup {
-    let last = ((total + size - 1) / size).max(1);
-    let sep = if base.contains('?') { '&' } else { '?' };
+    let last = page_count(total, size);
     html! {
         div.pager {
-            a href={ (base) (sep) "page=" (last) } rel="prev" id="last-page" {
+            a href=(page_href(base, last)) rel="prev" id="last-page" {
                 "← page " (last) ", the last"
             }
         }
     }
+}
+
+/// How many pages of `size` rows `total` rows fill; one when there are none.
+fn page_count(total: i64, size: i64) -> i64 {
+    ((total + size - 1) / size).max(1)
+}
+
+/// `base` (a path and its query without `page`) at page `page`.
+fn page_href(base: &str, page: i64) -> String {
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}page={page}")
 }
 
 /// The filter form's channel picker (`name="channel"`), with `chosen` selected.
