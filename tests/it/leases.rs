@@ -1123,12 +1123,13 @@ async fn no_row_claimed_ahead_starts_a_request_after_the_stop() {
 
 /// The worker's pools on `db` through a [`Cutter`] that loses the first answer holding
 /// `marker`, in plain text so that the proxy can read it (the machine's server may offer
-/// TLS).
+/// TLS), and then lets no connection through for `outage` (zero: none).
 async fn pools_behind_a_cutter(
     db: &TestDb,
     marker: Vec<u8>,
+    outage: Duration,
 ) -> (outboxd::worker::Pools, common::cutter::Cutter) {
-    let cutter = common::cutter::Cutter::start(db.server_addr().await, marker).await;
+    let cutter = common::cutter::Cutter::start(db.server_addr().await, marker, outage).await;
     let proxied = db.url_at(&format!("127.0.0.1:{}", cutter.port), "sslmode=disable");
     let pools = outboxd::worker::Pools::new(&outboxd::db::parse_url(&proxied).unwrap(), 4).unwrap();
     (pools, cutter)
@@ -1172,7 +1173,7 @@ async fn a_claim_whose_answer_is_lost_gives_its_rows_back() {
     // The key is in the claim's answer (its rows) and in no other answer the worker gets
     // through the proxy; the test enqueues on its own connection.
     let key = "lost-answer:1";
-    let (pools, cutter) = pools_behind_a_cutter(&db, key.as_bytes().to_vec()).await;
+    let (pools, cutter) = pools_behind_a_cutter(&db, key.as_bytes().to_vec(), Duration::ZERO).await;
     enqueue_webhook(&db, key, &rx.url("/h"), 3, false).await;
     let w = RunningWorker::start_on(
         &db,
@@ -1197,14 +1198,8 @@ async fn a_lost_claims_rows_come_back_after_an_outage_longer_than_the_first_trie
     let db = TestDb::new().await;
     let rx = Receiver::start().await;
     let key = "lost-answer:outage";
-    let cutter = common::cutter::Cutter::start_with_outage(
-        db.server_addr().await,
-        key.as_bytes().to_vec(),
-        Duration::from_secs(8),
-    )
-    .await;
-    let proxied = db.url_at(&format!("127.0.0.1:{}", cutter.port), "sslmode=disable");
-    let pools = outboxd::worker::Pools::new(&outboxd::db::parse_url(&proxied).unwrap(), 4).unwrap();
+    let (pools, cutter) =
+        pools_behind_a_cutter(&db, key.as_bytes().to_vec(), Duration::from_secs(8)).await;
     enqueue_webhook(&db, key, &rx.url("/h"), 3, false).await;
     let w = RunningWorker::start_on(
         &db,
@@ -1243,7 +1238,7 @@ async fn a_completion_whose_answer_is_lost_is_recorded_once() {
     let mut marker = id.to_be_bytes().to_vec();
     marker.extend_from_slice(&9i32.to_be_bytes());
     marker.extend_from_slice(b"delivered");
-    let (pools, cutter) = pools_behind_a_cutter(&db, marker).await;
+    let (pools, cutter) = pools_behind_a_cutter(&db, marker, Duration::ZERO).await;
     let w = RunningWorker::start_on(
         &db,
         pools,

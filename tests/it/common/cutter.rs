@@ -2,7 +2,7 @@
 //! bytes to a client carry a marker, they are dropped and that connection is closed both
 //! ways, as a network cut or a server crash right after a commit would leave it. Every
 //! other connection, and every later answer, passes untouched, unless the cut is followed
-//! by an outage ([`Cutter::start_with_outage`]): then, as a server restarting, every
+//! by an outage (see [`Cutter::start`]): then, as a server restarting, every
 //! connection is closed at the cut and new ones are closed at once until it ends.
 
 #![allow(clippy::unwrap_used)]
@@ -35,15 +35,11 @@ struct Cut {
 }
 
 impl Cutter {
-    /// Proxies 127.0.0.1:`port` to `upstream`, cutting the first answer that holds `marker`.
-    pub async fn start(upstream: SocketAddr, marker: impl Into<Vec<u8>>) -> Cutter {
-        Cutter::start_with_outage(upstream, marker, Duration::ZERO).await
-    }
-
-    /// [`Cutter::start`], and the server away for `outage` after the cut: every connection
+    /// Proxies 127.0.0.1:`port` to `upstream`, cutting the first answer that holds `marker`,
+    /// and then, for a non-zero `outage`, the server away that long: every connection
     /// closed at the cut, and each new one closed as soon as it is accepted until the
     /// outage ends.
-    pub async fn start_with_outage(
+    pub async fn start(
         upstream: SocketAddr,
         marker: impl Into<Vec<u8>>,
         outage: Duration,
