@@ -44,6 +44,8 @@
 //!   included.
 //! * [`support`]: one copy of each small shared helper (mutex lock, host name, error causes).
 //! * [`db`]: connections and the pool.
+//! * [`log_sink`]: where log lines go: stderr through a bounded queue, so a broken or full
+//!   stderr drops (and counts) lines instead of panicking or blocking the worker.
 //! * [`telemetry`]: traces, a span per attempt over OTLP/HTTP, off unless an endpoint is set.
 //! * [`text`]: stored text made safe to print (control characters as visible escapes).
 
@@ -58,6 +60,8 @@ pub mod console;
 pub mod db;
 pub mod deliver;
 pub mod enqueue;
+#[doc(hidden)]
+pub mod log_sink;
 pub mod lookup;
 #[doc(hidden)]
 pub mod metrics;

@@ -12,6 +12,15 @@ use outboxd::telemetry::{self, Traces};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `eprintln!` that ignores a closed stderr: the exit code still tells what happened, where
+/// `eprintln!` would panic and exit 101 instead.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 /// The command line, parsed, with what only clap's matches know (where a value came from)
 /// noted on the arguments that need it.
 fn parse() -> Result<Cli, clap::Error> {
@@ -38,7 +47,7 @@ fn main() -> ExitCode {
                         .get_subcommands()
                         .map(|c| c.get_name().to_owned())
                         .collect();
-                    eprintln!(
+                    say!(
                         "error: a subcommand is required ({}; see outboxd --help)",
                         names.join(", ")
                     );
@@ -52,8 +61,8 @@ fn main() -> ExitCode {
                 // the bytes came from a flag's `OUTBOXD_*` variable: name the variable.
                 ErrorKind::InvalidUtf8 if std::env::args_os().all(|a| a.to_str().is_some()) => {
                     match non_utf8_flag_variable() {
-                        Some(e) => eprintln!("error: {e} (see outboxd --help)"),
-                        None => eprintln!(
+                        Some(e) => say!("error: {e} (see outboxd --help)"),
+                        None => say!(
                             "{} (see outboxd --help)",
                             outboxd::text::escape(&usage_line(&e))
                         ),
@@ -65,7 +74,7 @@ fn main() -> ExitCode {
                     // that follows it is what --help is for.
                     // clap echoes the offending argument, which may be a key holding
                     // control characters.
-                    eprintln!(
+                    say!(
                         "{} (see outboxd --help)",
                         outboxd::text::escape(&usage_line(&e))
                     );
@@ -77,17 +86,17 @@ fn main() -> ExitCode {
     let env = match Env::from_process() {
         Ok(env) => env,
         Err(e) => {
-            eprintln!("error: {e}");
+            say!("error: {e}");
             return ExitCode::from(2);
         }
     };
     let daemon = matches!(cli.command, Command::Run(_) | Command::Console(_));
     // Only the worker makes spans: other commands never start an exporter.
     let traced = matches!(cli.command, Command::Run(_));
-    let traces = match init_logging(daemon, traced) {
-        Ok(traces) => traces,
+    let (traces, _flush_logs) = match init_logging(daemon, traced) {
+        Ok(logging) => logging,
         Err(e) => {
-            eprintln!("error: {e}");
+            say!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -97,7 +106,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            say!("error: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -110,7 +119,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", e.line());
+            say!("error: {}", e.line());
             ExitCode::from(e.exit_code())
         }
     }
@@ -150,7 +159,14 @@ fn usage_line(e: &clap::Error) -> String {
 /// (default `info` for the daemon, `warn` for one-shot commands). With `traced`, and an OTLP
 /// endpoint in the environment, the attempt spans are exported too ([`outboxd::telemetry`]);
 /// the logs never show those spans, so a log line reads the same with traces on or off.
-fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
+///
+/// Lines go through [`outboxd::log_sink`]: a stderr that is closed or full drops lines
+/// (counted) instead of panicking or blocking the task that logs. The returned guard flushes
+/// the queued lines when `main` ends.
+fn init_logging(
+    daemon: bool,
+    traced: bool,
+) -> anyhow::Result<(Option<Traces>, outboxd::log_sink::FlushOnDrop)> {
     use tracing_subscriber::filter::FilterExt as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
@@ -172,10 +188,16 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
     // statement texts) still follow RUST_LOG.
     let log_format = outboxd::support::env_var("OUTBOXD_LOG_FORMAT")?;
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let (sink, flush) = outboxd::log_sink::LogSink::start()
+        .map_err(|e| anyhow::anyhow!("cannot start logging: {e}"))?;
+    // `log_internal_errors(false)`: tracing-subscriber would report a failed write with
+    // `eprintln!`, which panics when stderr is the thing that failed. The sink never fails
+    // a write; this keeps it so should that change.
     let logs = tracing_subscriber::fmt::layer()
         .with_timer(SecondCachedTime)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .log_internal_errors(false)
+        .with_writer(sink.clone());
     let logs = match log_format.as_deref() {
         // JSON escapes control characters itself.
         Some("json") => logs.json().boxed(),
@@ -195,7 +217,8 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
             .with_timer(SecondCachedTime)
             .with_env_filter(filter.add_directive(off))
             .with_ansi(ansi)
-            .with_writer(std::io::stderr);
+            .log_internal_errors(false)
+            .with_writer(sink);
         match log_format.as_deref() {
             Some("json") => global.json().finish().with(quiet_queries()).try_init(),
             _ => global
@@ -205,7 +228,7 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
                 .try_init(),
         }
         .map_err(|e| anyhow::anyhow!("cannot start logging: {e}"))?;
-        return Ok(None);
+        return Ok((None, flush));
     }
     // Here a filter of the log layer: the exported layer takes only the attempt spans.
     let quiet = quiet_queries().with_max_level_hint(tracing_subscriber::filter::LevelFilter::TRACE);
@@ -215,7 +238,7 @@ fn init_logging(daemon: bool, traced: bool) -> anyhow::Result<Option<Traces>> {
         .with(logs)
         .with(exported)
         .try_init()?;
-    Ok(traces)
+    Ok((traces, flush))
 }
 
 /// The filter that stops tokio-postgres' query events above `info` (they carry the

@@ -40,6 +40,10 @@ pub const DATABASE_UP: &str = "outboxd_database_up";
 /// Rows returned by each claim.
 pub const CLAIM_BATCH_SIZE: &str = "outboxd_claim_batch_size";
 
+/// Log lines dropped because stderr was closed, full or failing ([`crate::log_sink`]):
+/// the worker goes on delivering and recording without them.
+pub const LOG_LINES_DROPPED: &str = "outboxd_log_lines_dropped_total";
+
 /// Claimed messages given back unsent to be tried later, by channel and reason.
 pub const DEFERRALS_TOTAL: &str = "outboxd_deferrals_total";
 
@@ -123,6 +127,10 @@ pub fn install() -> Result<PrometheusHandle, ConfigError> {
         "1 when this scrape read the message counts from the database, 0 when it could not (they keep their last values)."
     );
     metrics::describe_histogram!(CLAIM_BATCH_SIZE, "Rows returned by each claim.");
+    metrics::describe_counter!(
+        LOG_LINES_DROPPED,
+        "Log lines dropped because stderr was closed, full or failing."
+    );
     Ok(handle)
 }
 
@@ -189,6 +197,7 @@ async fn metrics_route(State(st): State<AppState>) -> impl IntoResponse {
         Err(_) => tracing::warn!("metrics: reading message counts timed out"),
     }
     metrics::gauge!(DATABASE_UP).set(if up { 1.0 } else { 0.0 });
+    metrics::counter!(LOG_LINES_DROPPED).absolute(crate::log_sink::dropped());
     (
         [(
             axum::http::header::CONTENT_TYPE,

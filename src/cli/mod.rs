@@ -26,6 +26,15 @@ macro_rules! out_part {
     }};
 }
 
+/// `eprintln!` that ignores a closed stderr (a log shipper that died must not turn a
+/// progress line into a panic).
+macro_rules! err_out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod args;
 mod console;
 mod enqueue;
@@ -77,7 +86,9 @@ fn named_secrets(
     let mut found: Vec<(String, Secret)> = Vec::new();
     for (k, v) in vars {
         // Bytes, not text: a name that is not UTF-8 is still one of ours by its prefix.
-        if !k.as_bytes().starts_with(prefix.as_bytes()) || v.is_empty() {
+        // An empty value is kept: set but empty is refused where the keys are read, never
+        // taken as unset (which would send unsigned).
+        if !k.as_bytes().starts_with(prefix.as_bytes()) {
             continue;
         }
         let value = v
@@ -99,15 +110,21 @@ impl Env {
         };
         let secret =
             |k: &str| -> Result<Option<Secret>, ConfigError> { Ok(var(k)?.map(Secret::from)) };
+        // A protection's secret is read as set even when empty: set but empty is refused
+        // where it is checked (exit 2), where taking it as unset would switch the
+        // protection off (unsigned webhooks, an open console).
+        let protection = |k: &str| -> Result<Option<Secret>, ConfigError> {
+            Ok(crate::support::env_var(k)?.map(Secret::from))
+        };
         Ok(Env {
             database_url: secret("DATABASE_URL")?,
             smtp_url: secret("OUTBOXD_SMTP_URL")?,
-            webhook_secret: secret("OUTBOXD_WEBHOOK_SECRET")?,
+            webhook_secret: protection("OUTBOXD_WEBHOOK_SECRET")?,
             named_webhook_secrets: named_secrets(std::env::vars_os())?,
             allow_private_networks: var("OUTBOXD_ALLOW_PRIVATE_NETWORKS")?,
             webhook_allow_hosts: var("OUTBOXD_WEBHOOK_ALLOW_HOSTS")?,
             email_message_id_domain: var("OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN")?,
-            console_token: secret("OUTBOXD_CONSOLE_TOKEN")?,
+            console_token: protection("OUTBOXD_CONSOLE_TOKEN")?,
         })
     }
 

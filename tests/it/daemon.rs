@@ -382,3 +382,106 @@ async fn a_database_restart_loses_nothing() {
     }
     let _ = err;
 }
+
+/// Starts `outboxd ARGS…` whose stderr is a pipe nobody reads any more: a log shipper
+/// that died (`outboxd run 2>&1 | head -c 1`). Every log line then fails to be written.
+fn with_closed_stderr(database_url: &str, args: &[&str], extra_env: &[(&str, &str)]) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", database_url)
+        .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(child.stderr.take());
+    child
+}
+
+/// Waits for the process to exit (bounded) and returns its exit code.
+fn exit_code_within(mut child: Child, timeout: Duration) -> Option<i32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("outboxd did not exit within {timeout:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A log line must never cost a delivery's record or the shutdown: with stderr a closed
+/// pipe, every delivered message is recorded `delivered` (none is left `running` to be
+/// sent again when its lease expires), the dropped lines are counted, and SIGTERM stops the
+/// worker with exit 0. In text and in JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stderr_costs_no_record_and_no_shutdown() {
+    for format in ["text", "json"] {
+        let db = TestDb::new().await;
+        let rx = Receiver::start().await;
+        enqueue_webhook(&db, "closed:1", &rx.url("/h"), 3, true).await;
+        enqueue_webhook(&db, "closed:2", &rx.url("/h"), 3, true).await;
+        enqueue_webhook(&db, "closed:3", &rx.url("/h"), 3, false).await;
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = with_closed_stderr(
+            &db.url(),
+            &["run", "--metrics-addr", &addr, "--lease", "60s"],
+            &[("OUTBOXD_LOG_FORMAT", format)],
+        );
+        for key in ["closed:1", "closed:2", "closed:3"] {
+            let r = wait_for_state(&db, key, "delivered", Duration::from_secs(20)).await;
+            assert_eq!(r.attempts, 1, "{format}: {key}");
+        }
+        assert_eq!(rx.requests().len(), 3, "{format}: each sent once");
+        wait_until(
+            Duration::from_secs(10),
+            "the metrics to count dropped lines",
+            || {
+                let addr = addr.clone();
+                async move {
+                    http_get(&addr, "/metrics")
+                        .await
+                        .and_then(|(_, t)| metric(&t, "outboxd_log_lines_dropped_total"))
+                        .is_some_and(|n| n > 0.0)
+                }
+            },
+        )
+        .await;
+        signal(&child, "TERM");
+        let code =
+            tokio::task::spawn_blocking(move || exit_code_within(child, Duration::from_secs(20)))
+                .await
+                .unwrap();
+        assert_eq!(code, Some(0), "{format}: SIGTERM ends the worker cleanly");
+    }
+}
+
+/// The console with a closed stderr still serves, and stops on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_with_a_closed_stderr_serves_and_stops() {
+    let db = TestDb::new().await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = with_closed_stderr(&db.url(), &["console", "--addr", &addr], &[]);
+    wait_until(Duration::from_secs(15), "the console to answer", || {
+        let addr = addr.clone();
+        async move { http_get(&addr, "/signin").await.is_some() }
+    })
+    .await;
+    signal(&child, "TERM");
+    let code =
+        tokio::task::spawn_blocking(move || exit_code_within(child, Duration::from_secs(20)))
+            .await
+            .unwrap();
+    assert_eq!(code, Some(0));
+}
