@@ -153,14 +153,14 @@ pub struct Budget {
     /// took effect. So an ambiguous failure with budget left goes on to that attempt even
     /// when `retry_ambiguous` is false.
     pub reconcile: bool,
-    /// Did the attempt before this one end ambiguous (it may have taken effect)? Then an
-    /// attempt that sent nothing (`invalid`: its destination or its lookup refused by the
-    /// guard, a secret not configured on this worker) leaves the message as unknown as it
-    /// found it, and counts as ambiguous: retried by the ambiguous rule, and at the end
-    /// `dead` with class `ambiguous`, for a person to find out (and `outboxd confirm` to
-    /// settle), not `invalid`, which says nothing was ever sent and invites a replay. (The
-    /// contract's word for a lookup that cannot be made: "the attempt is ambiguous again
-    /// and counts".)
+    /// Is the message still "may have taken effect" from an earlier attempt (its stored
+    /// class is `ambiguous`, and no lookup of this attempt said it did not happen)? Then a
+    /// failure of this attempt, whatever its class (`transient`: refused before sending;
+    /// `invalid`: its destination or its lookup refused by the guard, a secret not
+    /// configured on this worker; `permanent`), leaves the message as unknown as it found
+    /// it, and counts as ambiguous: retried by the ambiguous rule, and at the end `dead`
+    /// with class `ambiguous`, for a person to find out (and `outboxd confirm` to settle),
+    /// not `exhausted` or `invalid`, which say nothing took effect and invite a replay.
     pub after_ambiguous: bool,
 }
 
@@ -191,8 +191,20 @@ pub fn decide(
         Ended::Reconciled => return Transition::Reconciled,
         Ended::Failed(class) => class,
     };
+    // Once an attempt may have taken effect, the message stays "may have taken effect"
+    // until an attempt proves otherwise (delivered, reconciled, or a lookup that found
+    // nothing, which clears `after_ambiguous`). A later failure of any class proves
+    // nothing about the earlier attempt: it counts as ambiguous, so the message is retried
+    // by the ambiguous rule and a dead end is class `ambiguous`, for a person to settle,
+    // never `exhausted` or `invalid`, which would invite a blind resend. A permanent
+    // refusal still ends it at once.
     let class = match class {
-        ErrorClass::Invalid if budget.after_ambiguous => ErrorClass::Ambiguous,
+        ErrorClass::Permanent if budget.after_ambiguous => {
+            return Transition::Dead {
+                class: ErrorClass::Ambiguous,
+            };
+        }
+        _ if budget.after_ambiguous => ErrorClass::Ambiguous,
         class => class,
     };
     let budget_left = budget.attempt < budget.max_attempts;
@@ -325,15 +337,32 @@ mod tests {
                 after_ambiguous(3, 3, true),
                 dead(Ambiguous),
             ),
+            // A later failure proves nothing about the earlier attempt: still unknown.
             (
                 failed(Transient),
                 after_ambiguous(3, 3, true),
-                dead(Exhausted),
+                dead(Ambiguous),
+            ),
+            (
+                failed(Transient),
+                after_ambiguous(2, 3, true),
+                Transition::Retry {
+                    class: Ambiguous,
+                    delay: Duration::from_secs(10),
+                },
+            ),
+            (
+                failed(Transient),
+                Budget {
+                    reconcile: true,
+                    ..after_ambiguous(3, 3, false)
+                },
+                dead(Ambiguous),
             ),
             (
                 failed(Permanent),
                 after_ambiguous(2, 3, true),
-                dead(Permanent),
+                dead(Ambiguous),
             ),
             (failed(Exhausted), budget(1, 3, true), dead(Exhausted)),
         ];
@@ -341,6 +370,32 @@ mod tests {
             let got = decide(*ended, *budget, &policy(), None, 0.0);
             assert_eq!(got, *want, "{ended:?} at {budget:?}");
             assert_eq!(got.next_state(), want.next_state());
+        }
+    }
+
+    /// After an ambiguous attempt, no failure ends the message in a class that says
+    /// nothing took effect, and none is retried under another class (the stored class is
+    /// what keeps it unknown for the next attempt).
+    #[test]
+    fn after_an_ambiguous_attempt_every_failure_stays_ambiguous() {
+        use ErrorClass::*;
+        for class in [Transient, Ambiguous, Permanent, Invalid, Exhausted] {
+            for (attempt, max) in [(1, 1), (2, 3), (3, 3), (1, 5)] {
+                for (retry_ambiguous, reconcile) in
+                    [(false, false), (true, false), (false, true), (true, true)]
+                {
+                    let b = Budget {
+                        reconcile,
+                        ..after_ambiguous(attempt, max, retry_ambiguous)
+                    };
+                    let t = decide(Ended::Failed(class), b, &policy(), None, 0.5);
+                    assert_eq!(
+                        t.error_class(),
+                        Some(Ambiguous),
+                        "{class:?} at {b:?}: {t:?}"
+                    );
+                }
+            }
         }
     }
 

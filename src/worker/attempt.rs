@@ -241,11 +241,14 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
                         err.message, msg.attempt, msg.max_attempts
                     )
                 }
-                // `decide` counted it as ambiguous: say why, since the error is the guard's.
+                // `decide` counted it as ambiguous: say why, since the error is not.
                 Some(ErrorClass::Ambiguous) if err.class == ErrorClass::Invalid => format!(
                     "{}; nothing was sent, and an earlier attempt may have taken effect",
                     err.message
                 ),
+                Some(ErrorClass::Ambiguous) if err.class != ErrorClass::Ambiguous => {
+                    format!("{}; an earlier attempt may have taken effect", err.message)
+                }
                 _ => err.message.clone(),
             };
             Completion {

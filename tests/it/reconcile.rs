@@ -937,3 +937,63 @@ async fn on_the_last_attempt_a_late_404_still_sends() {
     .await;
     assert_eq!(calls(&rx), [POST, GET, POST]);
 }
+
+/// Once an attempt may have taken effect, a later failure proves nothing about it: attempt
+/// 1 reaches the receiver and times out (ambiguous), attempt 2, the last, finds the port
+/// closed (connection refused, which alone would be transient). The message ends dead
+/// `ambiguous`, not `exhausted`: `confirm` takes it, and a replay of exhausted dead
+/// letters (a blind resend) does not.
+#[tokio::test]
+async fn a_refused_connection_after_an_ambiguous_attempt_leaves_the_message_unknown() {
+    let db = TestDb::new().await;
+    // Accepts one connection, reads the request and never answers; then nothing listens.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/h", listener.local_addr().unwrap());
+    let first = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 64 * 1024];
+        let _ = tokio::io::AsyncReadExt::read(&mut sock, &mut buf).await;
+        sock
+    });
+    let key = "sticky:1";
+    enqueue_webhook(&db, key, &url, 2, true).await;
+    let cfg = outboxd::config::WorkerConfig {
+        retry: outboxd::retry::RetryPolicy {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        },
+        ..test_worker_config("w1")
+    };
+    let w = RunningWorker::start(&db, cfg, short_timeout());
+    // The listener is gone once the first request was read: attempt 2 is refused.
+    let _held_open = first.await.unwrap();
+    let row = wait_for_state(&db, key, "dead", WAIT).await;
+    w.stop().await;
+    let history = attempts(&db, key).await;
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert_eq!(history[0].2.as_deref(), Some("ambiguous"), "{history:?}");
+    assert_eq!(row.error_class.as_deref(), Some("ambiguous"), "{row:?}");
+    let err = row.last_error.unwrap_or_default();
+    assert!(
+        err.contains("earlier attempt may have taken effect"),
+        "{err}"
+    );
+    // Not among the exhausted dead letters a blind replay would pick.
+    let exhausted: i64 = db
+        .scalar("SELECT count(*) FROM outbox.messages WHERE state = 'dead' AND error_class = 'exhausted'")
+        .await;
+    assert_eq!(exhausted, 0);
+    // A person who checked with the provider can confirm it.
+    let c = db.client().await;
+    c.execute(
+        "SELECT outbox.confirm(ARRAY(SELECT id FROM outbox.messages WHERE message_key = $1))",
+        &[&key],
+    )
+    .await
+    .unwrap();
+    assert_eq!(row_of(&db, key).await, "delivered");
+}
+
+async fn row_of(db: &TestDb, key: &str) -> String {
+    common::row(db, key).await.state
+}
