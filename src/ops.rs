@@ -505,6 +505,20 @@ pub async fn replay(
     actor: &str,
     dry_run: bool,
 ) -> Result<Vec<(i64, String)>, ReplayError> {
+    replay_as_seen(client, selection, actor, dry_run, &[]).await
+}
+
+/// [`replay`], refused unless each message in `seen` is still in the state and version the
+/// operator was shown (the console's confirmation page): a dead letter replayed by someone
+/// else meanwhile, and dead again for another reason, is not replayed a second time on the
+/// strength of a page that showed its earlier failure.
+pub async fn replay_as_seen(
+    client: &mut Client,
+    selection: &ReplaySelection,
+    actor: &str,
+    dry_run: bool,
+    seen: &[(i64, Seen)],
+) -> Result<Vec<(i64, String)>, ReplayError> {
     let tx = client.transaction().await?;
     let chosen: Vec<(i64, String)> = match selection {
         ReplaySelection::Named(targets) => {
@@ -532,6 +546,9 @@ pub async fn replay(
         return Ok(Vec::new());
     }
     let ids: Vec<i64> = chosen.iter().map(|c| c.0).collect();
+    if let Some(why) = changed_since_seen(&tx, &ids, seen).await? {
+        return Err(ReplayError::NotDead(format!("{why}; nothing replayed")));
+    }
     let rows = tx
         .query_typed(
             queries::REPLAY,
@@ -751,6 +768,42 @@ fn seen_of(r: &tokio_postgres::Row) -> (i64, Seen) {
     )
 }
 
+/// Why a confirmed action must be refused: the first message in `seen` that is no longer
+/// in the state and version the operator was shown, or None when all are. Locks the rows
+/// (in id order, as the SQL functions lock them) first, so nothing changes between this
+/// check and the action in the same transaction.
+async fn changed_since_seen(
+    tx: &tokio_postgres::Transaction<'_>,
+    ids: &[i64],
+    seen: &[(i64, Seen)],
+) -> Result<Option<String>, tokio_postgres::Error> {
+    if seen.is_empty() {
+        return Ok(None);
+    }
+    let now: HashMap<i64, Seen> = tx
+        .query(queries::LOCK_STATES, &[&ids])
+        .await?
+        .iter()
+        .map(seen_of)
+        .collect();
+    for (id, was) in seen {
+        let why = match now.get(id) {
+            Some(now) if now == was => continue,
+            Some(now) if now.state == was.state => format!(
+                "message {id} changed since it was shown, and is {} again",
+                now.state
+            ),
+            now => format!(
+                "message {id} is {} now, and was {} when it was shown",
+                now.map_or("gone", |n| n.state.as_str()),
+                crate::text::escape_truncated(&was.state, 20),
+            ),
+        };
+        return Ok(Some(why));
+    }
+    Ok(None)
+}
+
 /// [`checkpoint`], refused unless each message in `seen` is still in the state and version
 /// the operator saw when they asked for it (the console's confirmation page). `cancel`
 /// takes held, pending and dead rows alike, so without this a message replayed or
@@ -776,31 +829,11 @@ pub async fn checkpoint_as_seen(
         });
     }
     let ids: Vec<i64> = found.iter().map(|c| c.0).collect();
-    if !seen.is_empty() {
-        let now: HashMap<i64, Seen> = tx
-            .query(queries::LOCK_STATES, &[&ids])
-            .await?
-            .iter()
-            .map(seen_of)
-            .collect();
-        for (id, was) in seen {
-            let why = match now.get(id) {
-                Some(now) if now == was => continue,
-                Some(now) if now.state == was.state => format!(
-                    "message {id} changed since it was shown, and is {} again",
-                    now.state
-                ),
-                now => format!(
-                    "message {id} is {} now, and was {} when it was shown",
-                    now.map_or("gone", |n| n.state.as_str()),
-                    crate::text::escape_truncated(&was.state, 20),
-                ),
-            };
-            return Err(CheckpointError::Refused(format!(
-                "{why}; nothing {}",
-                action.done()
-            )));
-        }
+    if let Some(why) = changed_since_seen(&tx, &ids, seen).await? {
+        return Err(CheckpointError::Refused(format!(
+            "{why}; nothing {}",
+            action.done()
+        )));
     }
     let rows = match action {
         Checkpoint::Approve => {

@@ -5,8 +5,8 @@
 //! [`MAX_ACTION_ROWS`]) and shows a confirmation page saying how many rows the action
 //! touches and which. That page posts the same ids, by id, with the state and version
 //! each was in (`seen=ID:STATE:VERSION`) and `confirmed=yes`; only then does the action
-//! run, through [`crate::ops::replay`] or [`crate::ops::checkpoint_as_seen`] (which holds
-//! each row to the state it was shown in: `cancel` takes several states) — the CLI's
+//! run, through [`crate::ops::replay_as_seen`] or [`crate::ops::checkpoint_as_seen`], which
+//! hold each row to the state and version it was shown in — the CLI's
 //! functions, so the SQL functions, their all-or-nothing rule and their history rows are
 //! the same, with `console:<name>` as the actor. A row that changed state between the
 //! two steps makes the whole action refused, naming it. Both steps check the CSRF token.
@@ -201,17 +201,33 @@ pub(crate) async fn post(
             Ok((id, crate::ops::Seen { state, version }))
         })
         .collect::<Result<Vec<_>, Failure>>()?;
+    // Every confirmed row must carry the state it was shown in: a confirmation without it
+    // would act on whatever the row has become.
+    if let Some((id, _)) = chosen
+        .iter()
+        .find(|(id, _)| !seen.iter().any(|(s, _)| s == id))
+    {
+        return Err(bad(&format!(
+            "message {id} has no seen state (ID:STATE:VERSION) in the confirmation"
+        )));
+    }
 
     let targets: Vec<Target> = chosen.iter().map(|(id, _)| Target::Id(*id)).collect();
     let actor = signed.actor();
     let result = match verb {
-        Verb::Replay => crate::ops::replay(&mut c, &ReplaySelection::Named(targets), &actor, false)
-            .await
-            .map_err(|e| match e {
-                ReplayError::Database(e) => Failure::db(&e),
-                ReplayError::Unknown(_) => Failure::NotFound(e.to_string()),
-                ReplayError::NotDead(m) => Failure::Refused(m),
-            }),
+        Verb::Replay => crate::ops::replay_as_seen(
+            &mut c,
+            &ReplaySelection::Named(targets),
+            &actor,
+            false,
+            &seen,
+        )
+        .await
+        .map_err(|e| match e {
+            ReplayError::Database(e) => Failure::db(&e),
+            ReplayError::Unknown(_) => Failure::NotFound(e.to_string()),
+            ReplayError::NotDead(m) => Failure::Refused(m),
+        }),
         other => {
             let action = match other {
                 Verb::Approve => Checkpoint::Approve,

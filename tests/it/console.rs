@@ -681,7 +681,13 @@ fn start_up_refuses_a_non_loopback_address_without_a_token() {
         (
             vec!["console", "--addr", "192.0.2.1:9188"],
             vec![("OUTBOXD_CONSOLE_TOKEN", "")],
-            "OUTBOXD_CONSOLE_TOKEN is required",
+            "OUTBOXD_CONSOLE_TOKEN is set but holds no token",
+        ),
+        // On loopback too: a token set to nothing never opens the console.
+        (
+            vec!["console", "--addr", "127.0.0.1:9188"],
+            vec![("OUTBOXD_CONSOLE_TOKEN", "")],
+            "OUTBOXD_CONSOLE_TOKEN is set but holds no token",
         ),
         (
             vec!["console", "--addr", "0.0.0.0:9188"],
@@ -1346,6 +1352,40 @@ async fn a_row_that_changed_state_after_the_confirmation_page_is_not_touched() {
     assert!(!page.contains("<script>alert"), "{page}");
     assert!(!page.contains('\u{1b}'), "{page}");
     assert!(!page.contains(&"x".repeat(100)), "{}", error_line(&page));
+    assert_eq!(snapshot(&db).await, before);
+
+    // A replay holds to what it showed too: shown dead `permanent`, replayed from the CLI
+    // meanwhile and dead `ambiguous` now, it is not replayed (and sent) once more.
+    let fields = confirm(vec![
+        ("do", "replay:selected".into()),
+        ("id", b.to_string()),
+    ])
+    .await;
+    outboxd::ops::replay(&mut c, &replay(b), "cli:bob", false)
+        .await
+        .unwrap();
+    c.execute(
+        "UPDATE outbox.messages SET state = 'dead', dead_at = now(), updated_at = now(), \
+         error_class = 'ambiguous' WHERE id = $1",
+        &[&b],
+    )
+    .await
+    .unwrap();
+    refused(
+        fields.clone(),
+        format!("message {b} changed since it was shown, and is dead again; nothing replayed"),
+    )
+    .await;
+    // A confirmation that leaves out a row's seen state acts on nothing.
+    let without_seen: Vec<(String, String)> =
+        fields.into_iter().filter(|(k, _)| k != "seen").collect();
+    let before = snapshot(&db).await;
+    let res = post(without_seen).await;
+    assert_eq!(res.status(), 400);
+    assert!(
+        error_line(&res.text().await.unwrap()).contains("has no seen state"),
+        "the page names what is missing"
+    );
     assert_eq!(snapshot(&db).await, before);
 }
 
