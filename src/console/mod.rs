@@ -76,10 +76,15 @@ pub fn is_loopback(ip: IpAddr) -> bool {
 
 impl ConsoleConfig {
     /// Checks the settings: a token is required unless `addr` is loopback, and a token that
-    /// is given must be at least [`MIN_TOKEN_LEN`] characters.
+    /// is given must be at least [`MIN_TOKEN_LEN`] characters. A token set to nothing is
+    /// refused, not taken as none: that would open the console to every local user.
     pub fn new(addr: SocketAddr, token: Option<Secret>) -> Result<ConsoleConfig, ConfigError> {
-        let token = token.filter(|t| !t.expose().is_empty());
         match token.as_ref().map(Secret::expose) {
+            Some("") => {
+                return Err(ConfigError(
+                    "OUTBOXD_CONSOLE_TOKEN is set but holds no token (unset it to run without sign-in on loopback)".into(),
+                ));
+            }
             None if !is_loopback(addr.ip()) => {
                 return Err(ConfigError(format!(
                     "OUTBOXD_CONSOLE_TOKEN is required when the console listens on {addr}, which is not a loopback address"

@@ -159,7 +159,20 @@ async fn a_payload_picks_a_named_secret_and_an_unknown_name_sends_nothing() {
 /// A malformed secret: exit 2 at start-up, one line naming the variable, never the value.
 #[test]
 fn malformed_secrets_are_usage_errors() {
-    let cases: [(&[(&str, &str)], &str); 5] = [
+    let cases: [(&[(&str, &str)], &str); 8] = [
+        // Set but empty or blank: refused, never taken as unset (which would send unsigned).
+        (
+            &[("OUTBOXD_WEBHOOK_SECRET", "")],
+            "OUTBOXD_WEBHOOK_SECRET is set but holds no secret",
+        ),
+        (
+            &[("OUTBOXD_WEBHOOK_SECRET", " ")],
+            "OUTBOXD_WEBHOOK_SECRET is set but holds no secret",
+        ),
+        (
+            &[("OUTBOXD_WEBHOOK_SECRET_STRIPE", "")],
+            "OUTBOXD_WEBHOOK_SECRET_STRIPE is set but holds no secret",
+        ),
         (
             &[("OUTBOXD_WEBHOOK_SECRET", "whsec_MfKQ9r8G secretvalue1")],
             "OUTBOXD_WEBHOOK_SECRET must look like whsec_",
