@@ -55,6 +55,17 @@ pub const CLAIM_SETUP: &str = "SET jit = off; SET plan_cache_mode = force_generi
 pub const CONSOLE_SETUP: &str =
     "SET jit = off; SET lock_timeout = '10s'; SET statement_timeout = '50s'";
 
+/// Does the database hold the outbox schema (`outbox.messages`)? Read from the catalog,
+/// which every role may read, so a database that was never migrated answers `false` rather
+/// than failing with 42P01 or 3F000 on the first statement that names the table.
+pub const SCHEMA_PRESENT: &str = r#"
+SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'outbox' AND c.relname = 'messages'
+)
+"#;
+
 /// Health probe (`GET /healthz`): succeeds while the database answers on a pooled
 /// connection. Reads nothing.
 pub const HEALTH_CHECK: &str = "SELECT 1";

@@ -20,7 +20,7 @@ fn operator() -> Result<String, CliError> {
 }
 
 pub(super) async fn migrate(env: &Env) -> Result<(), CliError> {
-    let mut client = connect(env).await?;
+    let mut client = super::connect_unchecked(env).await?;
     let report = crate::migrate::migrate(&mut client)
         .await
         .map_err(|e| CliError::Runtime(e.into()))?;

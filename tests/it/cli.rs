@@ -661,3 +661,56 @@ async fn a_payload_file_is_held_to_the_stored_size_not_its_own() {
     ]));
     assert_usage_error("1e131071", &out, "number out of range");
 }
+
+/// A database that was never migrated: every command that works on messages, the daemon
+/// and the console included, stops at once (exit 2) with one line that says so and names
+/// `outboxd migrate`, instead of failing on `relation "outbox.messages" does not exist`
+/// (the daemon logged that forever). After `migrate`, the same commands work.
+#[tokio::test]
+async fn a_database_never_migrated_is_refused_with_the_remedy_by_every_command() {
+    let db = TestDb::empty().await;
+    let url = db.url();
+    let commands: &[&[&str]] = &[
+        &["run"],
+        &["run", "--drain"],
+        &["console", "--addr", "127.0.0.1:0"],
+        &["status"],
+        &["status", "--json"],
+        &["dead"],
+        &["held"],
+        &["show", "1"],
+        &["replay", "1"],
+        &["replay", "--all-dead"],
+        &["approve", "k"],
+        &["cancel", "k"],
+        &["confirm", "k"],
+        &["purge", "--older-than", "7d"],
+        &["destinations"],
+        &[
+            "enqueue",
+            "--key",
+            "k",
+            "--channel",
+            "webhook",
+            "--payload",
+            r#"{"url":"https://example.com/h"}"#,
+        ],
+    ];
+    for args in commands {
+        let what = args.join(" ");
+        let out = common::binary::run_within(
+            outboxd(Some(&url)).args(*args),
+            std::time::Duration::from_secs(15),
+        );
+        assert_usage_error(&what, &out, "no outbox schema");
+        assert!(
+            out.stderr.contains("run `outboxd migrate`"),
+            "{what}: {}",
+            out.stderr
+        );
+    }
+    let out = run(outboxd(Some(&url)).arg("migrate"));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let out = run(outboxd(Some(&url)).arg("status"));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+}
