@@ -541,6 +541,31 @@ SELECT coalesce(extract(epoch FROM now()) - extract(epoch FROM least(
 )), 0)::float8
 "#;
 
+/// Due messages by channel: `channel, due, oldest_due_seconds` for every channel with a
+/// `pending` message whose `run_after` has passed, leaving out the channels `$1`, among the
+/// oldest `$2` due messages (NULL: all of them).
+///
+/// `outboxd status` reads all (it reads the whole table anyway); the daemon's watch for
+/// channels it does not serve reads at most `$2` entries of `messages_due_idx`, so its cost
+/// is bounded whatever the backlog. The age is taken as in [`OLDEST_DUE_SECONDS`]: between
+/// epochs, a `-infinity` row counting from its `created_at`.
+pub const DUE_BY_CHANNEL: &str = r#"
+SELECT d.channel, count(*)::bigint,
+       coalesce(extract(epoch FROM now()) - extract(epoch FROM min(d.since)), 0)::float8
+FROM (
+    SELECT channel,
+           CASE WHEN isfinite(run_after) THEN run_after
+                WHEN isfinite(created_at) THEN created_at END AS since
+    FROM outbox.messages
+    WHERE state = 'pending' AND run_after <= now()
+    ORDER BY run_after, id
+    LIMIT $2::bigint
+) d
+WHERE d.channel <> ALL($1::text[])
+GROUP BY d.channel
+ORDER BY d.channel
+"#;
+
 /// Enqueue one message; the rules are those of `outbox.enqueue_row` (see
 /// `sql/0001_outbox.sql`, `sql/0009` and `sql/0012`); `$7` held, `$8` ordering key or NULL.
 /// Returns `id, created`.

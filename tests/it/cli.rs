@@ -714,3 +714,63 @@ async fn a_database_never_migrated_is_refused_with_the_remedy_by_every_command()
     let out = run(outboxd(Some(&url)).arg("status"));
     assert_eq!(out.code, Some(0), "{}", out.stderr);
 }
+
+/// `status` shows each channel's due messages and how long the oldest has waited, in text
+/// and JSON: a channel that no worker serves (e-mail without an SMTP URL) shows as messages
+/// that stay due, growing older.
+#[tokio::test]
+async fn status_shows_each_channels_due_messages_and_the_oldest_age() {
+    let db = TestDb::new().await;
+    let url = db.url();
+    for (key, channel, payload) in [
+        ("w1", "webhook", r#"{"url":"https://example.com/1"}"#),
+        ("e1", "email", r#"{"to":["a@example.com"],"text":"hi"}"#),
+        ("e2", "email", r#"{"to":["b@example.com"],"text":"hi"}"#),
+    ] {
+        let out = run(outboxd(Some(&url)).args([
+            "enqueue",
+            "--key",
+            key,
+            "--channel",
+            channel,
+            "--payload",
+            payload,
+        ]));
+        assert_eq!(out.code, Some(0), "{key}: {:?}", out.stderr);
+    }
+    db.client()
+        .await
+        .batch_execute(
+            "UPDATE outbox.messages SET run_after = now() - interval '5 minutes 30 seconds' \
+             WHERE message_key = 'e1'; \
+             UPDATE outbox.messages SET run_after = now() - interval '1 minute' \
+             WHERE message_key = 'e2'",
+        )
+        .await
+        .unwrap();
+
+    let plain = run(outboxd(Some(&url)).arg("status"));
+    assert_eq!(plain.code, Some(0), "{:?}", plain.stderr);
+    assert!(
+        plain.stdout.lines().any(|l| l == "email: 2 due, oldest 5m"),
+        "{}",
+        plain.stdout
+    );
+    assert!(
+        plain
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("webhook: 1 due, oldest ")),
+        "{}",
+        plain.stdout
+    );
+
+    let out = run(outboxd(Some(&url)).args(["status", "--json"]));
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
+    let v: Value = serde_json::from_str(out.stdout.trim()).expect("status --json is JSON");
+    let email = &v["due_by_channel"]["email"];
+    assert_eq!(email["due"], 2, "{v}");
+    let oldest = email["oldest_due_seconds"].as_f64().expect("a number");
+    assert!((330.0..400.0).contains(&oldest), "{v}");
+    assert_eq!(v["due_by_channel"]["webhook"]["due"], 1, "{v}");
+}
