@@ -225,23 +225,26 @@ pub(super) async fn connect_unchecked(env: &Env) -> Result<tokio_postgres::Clien
 }
 
 /// [`connect`]'s check for the long-running commands, made once before they start: a
-/// database without the schema stops the start (exit 2). One that does not answer within
-/// the time a pool gives a new connection is left to the command: the daemon reconnects
-/// until it answers (a start during an outage waits for the database), and the console
-/// says so in its own check.
-pub(super) async fn check_schema_at_start(env: &Env) -> Result<(), CliError> {
-    match tokio::time::timeout(std::time::Duration::from_secs(10), connect(env)).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e @ CliError::Usage(_))) => Err(e),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e.line(), "cannot check the database's schema at start-up");
-            Ok(())
-        }
-        Err(_) => {
-            tracing::warn!("cannot check the database's schema at start-up: no answer within 10s");
-            Ok(())
-        }
+/// database without the schema stops the start (exit 2). A database that does not answer
+/// within the time a pool gives a new connection stops the console (exit 1, as its own
+/// check did), but not the daemon when `wait_for_database`: the daemon reconnects until it
+/// answers, so a start during an outage waits for the database.
+pub(super) async fn check_schema_at_start(
+    env: &Env,
+    wait_for_database: bool,
+) -> Result<(), CliError> {
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+    let unchecked = match tokio::time::timeout(WITHIN, connect(env)).await {
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err(e @ CliError::Usage(_))) => return Err(e),
+        Ok(Err(e)) => e,
+        Err(_) => runtime("cannot connect to the database", "no answer within 10s"),
+    };
+    if !wait_for_database {
+        return Err(unchecked);
     }
+    tracing::warn!(error = %unchecked.line(), "cannot check the database's schema at start-up");
+    Ok(())
 }
 
 /// Stored text (a key, an error, a payload) as text output prints it: control characters,

@@ -55,7 +55,7 @@ fn run_input(args: &RunArgs, env: &Env) -> RunInput {
 pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
     let stop = shutdown_signal()?;
     let (worker_cfg, webhook_cfg, email_cfg) = worker_settings(&args, env)?;
-    super::check_schema_at_start(env).await?;
+    super::check_schema_at_start(env, true).await?;
     let pg = env.database()?;
     // Claims and completions have a pool of their own (`worker::Pools`); the general one
     // serves the rest of the worker, the metrics endpoint and retention.
