@@ -108,7 +108,11 @@ fn log_destination_policy(policy: &DestinationPolicy) {
     }
     let mut hosts: Vec<&str> = policy.allow_hosts.iter().map(String::as_str).collect();
     hosts.sort_unstable();
-    let mut named = hosts[..hosts.len().min(NAMED)].join(",");
+    let mut named = if hosts.is_empty() {
+        "-".to_owned()
+    } else {
+        hosts[..hosts.len().min(NAMED)].join(",")
+    };
     if hosts.len() > NAMED {
         named.push_str(&format!(",+{} more", hosts.len() - NAMED));
     }

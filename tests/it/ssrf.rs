@@ -320,7 +320,7 @@ async fn a_refused_local_receiver_is_told_the_settings_that_allow_it() {
     assert_eq!(starts.len(), 1, "one policy line: {}", out.stderr);
     for part in [
         "private_networks=\"refused\"",
-        "allowed_hosts=0",
+        "allowed_hosts=0 hosts=-",
         "OUTBOXD_ALLOW_PRIVATE_NETWORKS=true",
         "OUTBOXD_WEBHOOK_ALLOW_HOSTS",
     ] {
