@@ -55,6 +55,17 @@ pub const CLAIM_SETUP: &str = "SET jit = off; SET plan_cache_mode = force_generi
 pub const CONSOLE_SETUP: &str =
     "SET jit = off; SET lock_timeout = '10s'; SET statement_timeout = '50s'";
 
+/// Does the database hold the outbox schema (`outbox.messages`)? Read from the catalog,
+/// which every role may read, so a database that was never migrated answers `false` rather
+/// than failing with 42P01 or 3F000 on the first statement that names the table.
+pub const SCHEMA_PRESENT: &str = r#"
+SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'outbox' AND c.relname = 'messages'
+)
+"#;
+
 /// Health probe (`GET /healthz`): succeeds while the database answers on a pooled
 /// connection. Reads nothing.
 pub const HEALTH_CHECK: &str = "SELECT 1";
@@ -528,6 +539,31 @@ SELECT coalesce(extract(epoch FROM now()) - extract(epoch FROM least(
     (SELECT min(created_at) FROM outbox.messages
      WHERE state = 'pending' AND run_after = '-infinity' AND isfinite(created_at))
 )), 0)::float8
+"#;
+
+/// Due messages by channel: `channel, due, oldest_due_seconds` for every channel with a
+/// `pending` message whose `run_after` has passed, leaving out the channels `$1`, among the
+/// oldest `$2` due messages (NULL: all of them).
+///
+/// `outboxd status` reads all (it reads the whole table anyway); the daemon's watch for
+/// channels it does not serve reads at most `$2` entries of `messages_due_idx`, so its cost
+/// is bounded whatever the backlog. The age is taken as in [`OLDEST_DUE_SECONDS`]: between
+/// epochs, a `-infinity` row counting from its `created_at`.
+pub const DUE_BY_CHANNEL: &str = r#"
+SELECT d.channel, count(*)::bigint,
+       coalesce(extract(epoch FROM now()) - extract(epoch FROM min(d.since)), 0)::float8
+FROM (
+    SELECT channel,
+           CASE WHEN isfinite(run_after) THEN run_after
+                WHEN isfinite(created_at) THEN created_at END AS since
+    FROM outbox.messages
+    WHERE state = 'pending' AND run_after <= now()
+    ORDER BY run_after, id
+    LIMIT $2::bigint
+) d
+WHERE d.channel <> ALL($1::text[])
+GROUP BY d.channel
+ORDER BY d.channel
 "#;
 
 /// Enqueue one message; the rules are those of `outbox.enqueue_row` (see

@@ -65,6 +65,46 @@ pub struct Status {
     pub open_destinations: i64,
     /// The same counts per channel (every channel present, zeros included).
     pub by_channel: BTreeMap<String, Counts>,
+    /// The due messages per channel (every channel present, zeros included).
+    ///
+    /// `status` cannot know which channels the running workers serve (they record that
+    /// nowhere), so it shows what a stuck channel looks like instead: due messages that
+    /// stay, growing older. A worker that does not serve a channel warns when that
+    /// channel's messages wait ([`crate::worker`]'s unserved watch).
+    pub due_by_channel: BTreeMap<String, Due>,
+}
+
+/// The due messages of one channel: `pending` with `run_after` passed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Due {
+    /// How many.
+    pub due: i64,
+    /// Seconds since the oldest of them came due (0 when none is).
+    pub oldest_due_seconds: f64,
+}
+
+/// The due messages by channel, leaving out the channels `leave_out`, among the oldest
+/// `cap` due messages (`None`: all): see [`queries::DUE_BY_CHANNEL`]. Only channels with
+/// a due message are returned, in name order.
+pub async fn due_by_channel<C: GenericClient>(
+    client: &C,
+    leave_out: &[&str],
+    cap: Option<i64>,
+) -> Result<Vec<(String, Due)>, tokio_postgres::Error> {
+    let rows = client
+        .query(queries::DUE_BY_CHANNEL, &[&leave_out, &cap])
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let secs: f64 = r.get(2);
+            let due = Due {
+                due: r.get(1),
+                oldest_due_seconds: (secs.max(0.0) * 1000.0).round() / 1000.0,
+            };
+            (r.get(0), due)
+        })
+        .collect())
 }
 
 /// Messages by state as `/metrics` reports them: exact up to a cap per state, estimated
@@ -132,6 +172,8 @@ pub async fn status<C: GenericClient>(client: &C) -> Result<Status, tokio_postgr
     for ch in crate::model::Channel::ALL {
         st.by_channel
             .insert(ch.as_str().to_owned(), Counts::default());
+        st.due_by_channel
+            .insert(ch.as_str().to_owned(), Due::default());
     }
     for row in client.query(queries::STATUS_COUNTS, &[]).await? {
         let channel: String = row.get(0);
@@ -144,6 +186,8 @@ pub async fn status<C: GenericClient>(client: &C) -> Result<Status, tokio_postgr
         st.by_channel.entry(channel).or_default().add(state, n);
     }
     st.oldest_due_seconds = oldest_due_seconds(client).await?;
+    st.due_by_channel
+        .extend(due_by_channel(client, &[], None).await?);
     st.blocked_groups = client.query_one(queries::BLOCKED_GROUPS, &[]).await?.get(0);
     st.open_destinations = open_destinations(client).await?;
     Ok(st)

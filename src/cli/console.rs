@@ -5,6 +5,7 @@ use crate::console::{ConsoleConfig, ServeError};
 
 pub(super) async fn console(args: ConsoleArgs, env: &Env) -> Result<(), CliError> {
     let config = ConsoleConfig::new(args.addr, env.console_token.clone())?;
+    super::check_schema_at_start(env, false).await?;
     let db = env.database()?;
     let pool = crate::db::pool_with_setup(&db, 4, crate::queries::CONSOLE_SETUP)?;
     let stop = super::run::shutdown_signal()?;

@@ -214,11 +214,54 @@ pub async fn dispatch(cli: Cli, env: Env) -> Result<(), CliError> {
     }
 }
 
+/// A connection for a command that works on messages: every command but `migrate` comes
+/// through here (`run` and `console` through [`check_schema_at_start`]), after its
+/// arguments are checked. A database without the outbox schema is refused here, once for
+/// all of them, as bad configuration (exit 2) with the remedy: each command's first
+/// statement would otherwise fail with 42P01 or 3F000, and the daemon would log that
+/// forever.
 pub(super) async fn connect(env: &Env) -> Result<tokio_postgres::Client, CliError> {
+    let client = connect_unchecked(env).await?;
+    match crate::db::has_schema(&client).await {
+        Ok(true) => Ok(client),
+        Ok(false) => Err(ConfigError(NO_SCHEMA.into()).into()),
+        Err(e) => Err(db_failed("cannot read the database's schema", &e)),
+    }
+}
+
+/// What a command says of a database that was never migrated.
+const NO_SCHEMA: &str =
+    "the database has no outbox schema (it was never migrated): run `outboxd migrate` first";
+
+/// A connection to the database as it is, for `migrate`, which makes the schema.
+pub(super) async fn connect_unchecked(env: &Env) -> Result<tokio_postgres::Client, CliError> {
     let cfg = env.database()?;
     crate::db::connect(&cfg)
         .await
         .map_err(|e| db_failed("cannot connect to the database", &e))
+}
+
+/// [`connect`]'s check for the long-running commands, made once before they start: a
+/// database without the schema stops the start (exit 2). A database that does not answer
+/// within the time a pool gives a new connection stops the console (exit 1, as its own
+/// check did), but not the daemon when `wait_for_database`: the daemon reconnects until it
+/// answers, so a start during an outage waits for the database.
+pub(super) async fn check_schema_at_start(
+    env: &Env,
+    wait_for_database: bool,
+) -> Result<(), CliError> {
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+    let unchecked = match tokio::time::timeout(WITHIN, connect(env)).await {
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err(e @ CliError::Usage(_))) => return Err(e),
+        Ok(Err(e)) => e,
+        Err(_) => runtime("cannot connect to the database", "no answer within 10s"),
+    };
+    if !wait_for_database {
+        return Err(unchecked);
+    }
+    tracing::warn!(error = %unchecked.line(), "cannot check the database's schema at start-up");
+    Ok(())
 }
 
 /// Stored text (a key, an error, a payload) as text output prints it: control characters,

@@ -20,7 +20,7 @@ fn operator() -> Result<String, CliError> {
 }
 
 pub(super) async fn migrate(env: &Env) -> Result<(), CliError> {
-    let mut client = connect(env).await?;
+    let mut client = super::connect_unchecked(env).await?;
     let report = crate::migrate::migrate(&mut client)
         .await
         .map_err(|e| CliError::Runtime(e.into()))?;
@@ -59,6 +59,16 @@ pub(super) async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> 
         out!();
     }
     out!("oldest due message: {:.1}s", st.oldest_due_seconds);
+    // One line per channel with due messages: a channel no worker serves shows here as
+    // messages that stay due, growing older.
+    for (channel, due) in st.due_by_channel.iter().filter(|(_, d)| d.due > 0) {
+        out!(
+            "{}: {} due, oldest {}",
+            esc(channel),
+            due.due,
+            age(due.oldest_due_seconds)
+        );
+    }
     out!(
         "blocked ordering groups: {} (a message waits behind an earlier unfinished one)",
         st.blocked_groups
@@ -68,6 +78,17 @@ pub(super) async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> 
         st.open_destinations
     );
     Ok(())
+}
+
+/// An age for people: whole seconds up to two minutes, then minutes, hours, days.
+fn age(secs: f64) -> String {
+    let s = secs.max(0.0) as u64;
+    match s {
+        0..120 => format!("{s}s"),
+        120..7200 => format!("{}m", s / 60),
+        7200..172_800 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
 }
 
 pub(super) async fn dead(args: DeadArgs, env: &Env) -> Result<(), CliError> {

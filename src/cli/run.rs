@@ -6,7 +6,7 @@ use super::{CliError, Env, RunArgs, runtime};
 use crate::config::WorkerConfig;
 use crate::config::assemble::{self, RunInput};
 use crate::deliver::email::settings::EmailConfig;
-use crate::deliver::webhook::settings::WebhookConfig;
+use crate::deliver::webhook::settings::{DestinationPolicy, WebhookConfig};
 use crate::deliver::{Deliverers, email::EmailSender, webhook::WebhookSender};
 use crate::model::ConfigError;
 use crate::worker::Worker;
@@ -55,6 +55,7 @@ fn run_input(args: &RunArgs, env: &Env) -> RunInput {
 pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
     let stop = shutdown_signal()?;
     let (worker_cfg, webhook_cfg, email_cfg) = worker_settings(&args, env)?;
+    super::check_schema_at_start(env, true).await?;
     let pg = env.database()?;
     // Claims and completions have a pool of their own (`worker::Pools`); the general one
     // serves the rest of the worker, the metrics endpoint and retention.
@@ -68,6 +69,12 @@ pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
         webhook: WebhookSender::new(&webhook_cfg)?,
         email: email_cfg.as_ref().map(EmailSender::new).transpose()?,
     };
+    if worker_cfg
+        .channels
+        .contains(&crate::model::Channel::Webhook)
+    {
+        log_destination_policy(&webhook_cfg.destinations);
+    }
     if let Some(cfg) = &email_cfg {
         tracing::info!(relay = %cfg.smtp, "e-mail delivery through an SMTP relay");
     }
@@ -84,6 +91,38 @@ pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
     let _ = retention.await;
     result.map_err(|e| CliError::Runtime(e.into()))?;
     Ok(())
+}
+
+/// Says once, at start-up, which webhook destinations this worker may reach, and how the
+/// policy is changed: a refused local receiver is then explained before its first message
+/// dies. The allowed hosts are named (host names are not secret), the first few only, so
+/// that the line stays short.
+fn log_destination_policy(policy: &DestinationPolicy) {
+    const NAMED: usize = 5;
+    if policy.allow_private_networks {
+        tracing::info!(
+            private_networks = "allowed",
+            "webhook destinations: every address may be reached (OUTBOXD_ALLOW_PRIVATE_NETWORKS=true)"
+        );
+        return;
+    }
+    let mut hosts: Vec<&str> = policy.allow_hosts.iter().map(String::as_str).collect();
+    hosts.sort_unstable();
+    let mut named = if hosts.is_empty() {
+        "-".to_owned()
+    } else {
+        hosts[..hosts.len().min(NAMED)].join(",")
+    };
+    if hosts.len() > NAMED {
+        named.push_str(&format!(",+{} more", hosts.len() - NAMED));
+    }
+    tracing::info!(
+        private_networks = "refused",
+        allowed_hosts = hosts.len(),
+        hosts = %named,
+        "webhook destinations: private and reserved addresses are refused but for the allowed \
+         hosts (OUTBOXD_ALLOW_PRIVATE_NETWORKS=true allows all, OUTBOXD_WEBHOOK_ALLOW_HOSTS names hosts)"
+    );
 }
 
 /// Resolves at the first SIGTERM or SIGINT.

@@ -524,6 +524,15 @@ pub fn describe_pool(err: &deadpool_postgres::PoolError) -> String {
     }
 }
 
+/// Does the database hold the outbox schema ([`crate::queries::SCHEMA_PRESENT`])? False
+/// for a database that was never migrated.
+pub async fn has_schema(client: &Client) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_one(crate::queries::SCHEMA_PRESENT, &[])
+        .await?
+        .get(0))
+}
+
 /// Checks that the database answers on `client` ([`crate::queries::HEALTH_CHECK`]).
 pub async fn ping(client: &Client) -> Result<(), tokio_postgres::Error> {
     client

@@ -15,10 +15,20 @@ use std::sync::Arc;
 
 use super::webhook::settings::DestinationPolicy;
 
+/// What every refusal of the guard ends with: the settings that lift it, so that an
+/// operator whose first message to a local receiver is refused learns the remedy from the
+/// error itself. It names no host (the error already does once, and a long host twice
+/// would push the line past its 500-character cut).
+pub const HOW_TO_ALLOW: &str = "to allow it, set OUTBOXD_ALLOW_PRIVATE_NETWORKS=true \
+     or list the host in OUTBOXD_WEBHOOK_ALLOW_HOSTS";
+
 /// Raised by the resolver when every address of a host is forbidden; the webhook channel
 /// finds it in the error chain and classes the attempt `invalid`.
 #[derive(Debug, thiserror::Error)]
-#[error("destination not allowed: {host} resolves only to private or reserved addresses")]
+#[error(
+    "destination not allowed: {host} resolves only to private or reserved addresses ({})",
+    HOW_TO_ALLOW
+)]
 pub struct BlockedDestination {
     /// The host name (never a path).
     pub host: String,

@@ -1,4 +1,5 @@
-//! The daemon's maintenance, beside the claim loop: retention, and the ordering watch.
+//! The daemon's maintenance, beside the claim loop: retention, the ordering watch, and the
+//! watch for channels no worker serves.
 //!
 //! Retention purges delivered
 //! messages older than `--retention` now and every `every` after, a batch at a time, each
@@ -109,5 +110,116 @@ pub async fn ordering_watch(pool: Pool, every: Duration, stop: CancellationToken
             }
             Err(e) => tracing::warn!(error = %e, "ordering watch: reading held-up groups failed"),
         }
+    }
+}
+
+/// How long the oldest due message of a channel this worker does not serve waits before the
+/// worker warns: a channel served by other workers has its messages due for a moment only,
+/// so only one whose messages stay due this long looks unserved.
+pub const UNSERVED_AFTER: Duration = Duration::from_secs(30);
+
+/// At most one warning per channel this often, however often the watch looks.
+pub const UNSERVED_WARN_EVERY: Duration = Duration::from_secs(300);
+
+/// Due messages the unserved watch reads at most per round (of `messages_due_idx`, oldest
+/// first): its cost stays bounded under any backlog. A channel's messages behind that many
+/// others due are seen once the backlog before them shrinks.
+const UNSERVED_READ: i64 = 10_000;
+
+/// Which channels' warnings are due now: one per channel per [`UNSERVED_WARN_EVERY`].
+#[derive(Debug, Default)]
+pub struct WarnThrottle {
+    last: std::collections::HashMap<String, std::time::Instant>,
+}
+
+impl WarnThrottle {
+    /// Should `channel` be warned about at `now`? True the first time, then again once
+    /// [`UNSERVED_WARN_EVERY`] has passed since the last warning.
+    pub fn allow(&mut self, channel: &str, now: std::time::Instant) -> bool {
+        match self.last.get(channel) {
+            Some(at) if now.saturating_duration_since(*at) < UNSERVED_WARN_EVERY => false,
+            _ => {
+                self.last.insert(channel.to_owned(), now);
+                true
+            }
+        }
+    }
+}
+
+/// The unserved watch: a message of a channel no running worker serves (e-mail enqueued
+/// while every worker runs without `OUTBOXD_SMTP_URL`) would wait silently. Now and every
+/// `every`, this worker looks for due messages of the channels it does not serve whose
+/// oldest has been due for [`UNSERVED_AFTER`], and warns, per channel at most once per
+/// [`UNSERVED_WARN_EVERY`]: how many are due and for how long. Workers record nowhere
+/// which channels they serve, so a worker cannot tell an unserved channel from one whose
+/// workers are far behind; the warning asks, and `outboxd status` shows each channel's due
+/// messages and the age of the oldest.
+pub async fn unserved_watch(
+    pool: Pool,
+    served: Vec<crate::model::Channel>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    let served_names: Vec<&str> = served.iter().map(|c| c.as_str()).collect();
+    let served_list = served_names.join(",");
+    let mut throttle = WarnThrottle::default();
+    loop {
+        let read = bounded(async {
+            let client = checkout(&pool).await?;
+            crate::status::due_by_channel(&**client, &served_names, Some(UNSERVED_READ))
+                .await
+                .map_err(|e| crate::db::failed(&e))
+        });
+        // A stop does not wait for a busy pool.
+        let due = tokio::select! {
+            due = read => due,
+            _ = stop.cancelled() => return,
+        };
+        match due {
+            Ok(due) => {
+                let now = std::time::Instant::now();
+                for (channel, d) in due {
+                    if d.oldest_due_seconds < UNSERVED_AFTER.as_secs_f64()
+                        || !throttle.allow(&channel, now)
+                    {
+                        continue;
+                    }
+                    tracing::warn!(
+                        channel = %crate::text::Escaped(&channel),
+                        due = d.due,
+                        oldest_due_seconds = d.oldest_due_seconds as u64,
+                        served = %served_list,
+                        "messages of a channel this worker does not serve are waiting: is a \
+                         worker serving it running? (outboxd run --channels; email needs \
+                         OUTBOXD_SMTP_URL)"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "unserved watch: reading due messages failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// A channel is warned about once, then not again until the interval has passed,
+    /// however often the watch looks; channels are throttled each on its own.
+    #[test]
+    fn one_warning_per_channel_per_interval() {
+        let mut t = WarnThrottle::default();
+        let t0 = Instant::now();
+        assert!(t.allow("email", t0));
+        assert!(!t.allow("email", t0 + Duration::from_secs(1)));
+        assert!(t.allow("webhook", t0 + Duration::from_secs(1)));
+        assert!(!t.allow("email", t0 + UNSERVED_WARN_EVERY - Duration::from_millis(1)));
+        assert!(t.allow("email", t0 + UNSERVED_WARN_EVERY));
+        assert!(!t.allow("email", t0 + UNSERVED_WARN_EVERY + Duration::from_secs(60)));
     }
 }

@@ -215,6 +215,19 @@ impl Worker {
             watch_every,
             watch_stop.clone(),
         ));
+        // Only a worker that leaves some channel out looks for that channel's waiting
+        // messages.
+        let unserved = crate::model::Channel::ALL
+            .iter()
+            .any(|c| !cfg.channels.contains(c))
+            .then(|| {
+                tokio::spawn(maintenance::unserved_watch(
+                    shared.pools.general.clone(),
+                    cfg.channels.clone(),
+                    watch_every,
+                    watch_stop.clone(),
+                ))
+            });
         // The breakers' view before the first claim, so that its rows meet the gate with
         // what other workers opened; later refreshes run beside the loop.
         shared
@@ -238,6 +251,9 @@ impl Worker {
         let completed = shut_down(&shared, tasks, done_tx, completer, hard_stop).await;
         watch_stop.cancel();
         let _ = watch.await;
+        if let Some(unserved) = unserved {
+            let _ = unserved.await;
+        }
         // Before the summary is read: a sweep in progress counts what it settled first,
         // unless it is still waiting for a busy pool after SWEEP_AT_STOP (its statement,
         // if it runs, settles its rows whole; only its log lines would be missing).

@@ -661,3 +661,116 @@ async fn a_payload_file_is_held_to_the_stored_size_not_its_own() {
     ]));
     assert_usage_error("1e131071", &out, "number out of range");
 }
+
+/// A database that was never migrated: every command that works on messages, the daemon
+/// and the console included, stops at once (exit 2) with one line that says so and names
+/// `outboxd migrate`, instead of failing on `relation "outbox.messages" does not exist`
+/// (the daemon logged that forever). After `migrate`, the same commands work.
+#[tokio::test]
+async fn a_database_never_migrated_is_refused_with_the_remedy_by_every_command() {
+    let db = TestDb::empty().await;
+    let url = db.url();
+    let commands: &[&[&str]] = &[
+        &["run"],
+        &["run", "--drain"],
+        &["console", "--addr", "127.0.0.1:0"],
+        &["status"],
+        &["status", "--json"],
+        &["dead"],
+        &["held"],
+        &["show", "1"],
+        &["replay", "1"],
+        &["replay", "--all-dead"],
+        &["approve", "k"],
+        &["cancel", "k"],
+        &["confirm", "k"],
+        &["purge", "--older-than", "7d"],
+        &["destinations"],
+        &[
+            "enqueue",
+            "--key",
+            "k",
+            "--channel",
+            "webhook",
+            "--payload",
+            r#"{"url":"https://example.com/h"}"#,
+        ],
+    ];
+    for args in commands {
+        let what = args.join(" ");
+        let out = common::binary::run_within(
+            outboxd(Some(&url)).args(*args),
+            std::time::Duration::from_secs(15),
+        );
+        assert_usage_error(&what, &out, "no outbox schema");
+        assert!(
+            out.stderr.contains("run `outboxd migrate`"),
+            "{what}: {}",
+            out.stderr
+        );
+    }
+    let out = run(outboxd(Some(&url)).arg("migrate"));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let out = run(outboxd(Some(&url)).arg("status"));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+}
+
+/// `status` shows each channel's due messages and how long the oldest has waited, in text
+/// and JSON: a channel that no worker serves (e-mail without an SMTP URL) shows as messages
+/// that stay due, growing older.
+#[tokio::test]
+async fn status_shows_each_channels_due_messages_and_the_oldest_age() {
+    let db = TestDb::new().await;
+    let url = db.url();
+    for (key, channel, payload) in [
+        ("w1", "webhook", r#"{"url":"https://example.com/1"}"#),
+        ("e1", "email", r#"{"to":["a@example.com"],"text":"hi"}"#),
+        ("e2", "email", r#"{"to":["b@example.com"],"text":"hi"}"#),
+    ] {
+        let out = run(outboxd(Some(&url)).args([
+            "enqueue",
+            "--key",
+            key,
+            "--channel",
+            channel,
+            "--payload",
+            payload,
+        ]));
+        assert_eq!(out.code, Some(0), "{key}: {:?}", out.stderr);
+    }
+    db.client()
+        .await
+        .batch_execute(
+            "UPDATE outbox.messages SET run_after = now() - interval '5 minutes 30 seconds' \
+             WHERE message_key = 'e1'; \
+             UPDATE outbox.messages SET run_after = now() - interval '1 minute' \
+             WHERE message_key = 'e2'",
+        )
+        .await
+        .unwrap();
+
+    let plain = run(outboxd(Some(&url)).arg("status"));
+    assert_eq!(plain.code, Some(0), "{:?}", plain.stderr);
+    assert!(
+        plain.stdout.lines().any(|l| l == "email: 2 due, oldest 5m"),
+        "{}",
+        plain.stdout
+    );
+    assert!(
+        plain
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("webhook: 1 due, oldest ")),
+        "{}",
+        plain.stdout
+    );
+
+    let out = run(outboxd(Some(&url)).args(["status", "--json"]));
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
+    let v: Value = serde_json::from_str(out.stdout.trim()).expect("status --json is JSON");
+    let email = &v["due_by_channel"]["email"];
+    assert_eq!(email["due"], 2, "{v}");
+    let oldest = email["oldest_due_seconds"].as_f64().expect("a number");
+    assert!((330.0..400.0).contains(&oldest), "{v}");
+    assert_eq!(v["due_by_channel"]["webhook"]["due"], 1, "{v}");
+}

@@ -1632,3 +1632,50 @@ async fn a_subject_with_long_whitespace_runs_is_delivered_exactly() {
     want.sort();
     assert_eq!(got, want);
 }
+
+/// An e-mail enqueued while no worker serves the `email` channel does not wait silently: a
+/// worker that serves only webhooks warns, once, that the channel's messages are waiting,
+/// how many and for how long, and what serves them. It never sends them.
+#[tokio::test]
+async fn a_worker_warns_when_a_channel_it_does_not_serve_has_waiting_messages() {
+    let (logs, _guard) = LogCapture::install();
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let ten_minutes_ago = std::time::SystemTime::now() - Duration::from_secs(600);
+    for key in ["unserved:1", "unserved:2"] {
+        let msg = outboxd::NewMessage::email(
+            key,
+            json!({"from": "shop@example.com", "to": ["a@example.com"], "text": "hi"}),
+        )
+        .run_after(ten_minutes_ago);
+        outboxd::enqueue(&c, &msg).await.unwrap();
+    }
+    let worker = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
+    let needle = "messages of a channel this worker does not serve are waiting";
+    wait_until(WAIT, "the unserved channel's warning", || {
+        let logs = logs.clone();
+        async move { logs.text().contains(needle) }
+    })
+    .await;
+    worker.stop().await;
+    let text = logs.text();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
+    assert_eq!(lines.len(), 1, "warned once: {lines:#?}");
+    for part in [
+        "WARN",
+        "channel=email",
+        "due=2",
+        "served=webhook",
+        "OUTBOXD_SMTP_URL",
+    ] {
+        assert!(lines[0].contains(part), "{part} in {}", lines[0]);
+    }
+    let oldest: u64 = lines[0]
+        .split("oldest_due_seconds=")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("oldest_due_seconds in {}", lines[0]));
+    assert!((600..700).contains(&oldest), "{}", lines[0]);
+    assert_eq!(row(&db, "unserved:1").await.state, "pending");
+}

@@ -236,7 +236,10 @@ async fn refused_before_connecting(key: &str, url: &str, host: &str) {
     );
     let row = wait_for_state(&db, key, "dead", WAIT).await;
     w.stop().await;
-    let expected = format!("destination not allowed: {host} is a private or reserved address");
+    let expected = format!(
+        "destination not allowed: {host} is a private or reserved address ({})",
+        outboxd::deliver::guard::HOW_TO_ALLOW
+    );
     assert_eq!(
         (
             row.error_class.as_deref(),
@@ -284,4 +287,96 @@ async fn ipv6_documentation_literal_is_refused_before_connecting() {
         "[2001:db8::1]",
     )
     .await;
+}
+
+/// A newcomer's first message to a receiver on their own machine is refused; the refusal
+/// (in `last_error`, one line) names the settings that lift it, for a literal address and
+/// for a name that resolves to loopback, and `outboxd run` says its destination policy once
+/// at start-up. Neither shows the URL's path or query.
+#[tokio::test]
+async fn a_refused_local_receiver_is_told_the_settings_that_allow_it() {
+    use common::binary::{outboxd, run};
+    let db = TestDb::new().await;
+    let url = db.url();
+    for (key, to) in [
+        (
+            "local:literal",
+            "http://127.0.0.1:9/hooks/private-path?token=s3cret",
+        ),
+        (
+            "local:name",
+            "http://localhost:9/hooks/private-path?token=s3cret",
+        ),
+    ] {
+        enqueue_webhook(&db, key, to, 3, true).await;
+    }
+    let out = run(outboxd(Some(&url)).args(["run", "--drain"]));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let starts: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("webhook destinations"))
+        .collect();
+    assert_eq!(starts.len(), 1, "one policy line: {}", out.stderr);
+    for part in [
+        "private_networks=\"refused\"",
+        "allowed_hosts=0 hosts=-",
+        "OUTBOXD_ALLOW_PRIVATE_NETWORKS=true",
+        "OUTBOXD_WEBHOOK_ALLOW_HOSTS",
+    ] {
+        assert!(starts[0].contains(part), "{part} in {}", starts[0]);
+    }
+    for key in ["local:literal", "local:name"] {
+        let row = row(&db, key).await;
+        assert_eq!(
+            (row.state.as_str(), row.error_class.as_deref(), row.attempts),
+            ("dead", Some("invalid"), 1),
+            "{key}: {row:?}"
+        );
+        let err = row.last_error.unwrap_or_default();
+        assert!(err.starts_with("destination not allowed: "), "{key}: {err}");
+        for part in [
+            "OUTBOXD_ALLOW_PRIVATE_NETWORKS=true",
+            "OUTBOXD_WEBHOOK_ALLOW_HOSTS",
+        ] {
+            assert!(err.contains(part), "{key}: {part} in {err}");
+        }
+        assert!(!err.contains('\n'), "{key}: {err}");
+        assert!(
+            !err.contains("private-path") && !err.contains("s3cret"),
+            "{key}: {err}"
+        );
+    }
+    assert!(
+        !out.stderr.contains("private-path") && !out.stderr.contains("s3cret"),
+        "{}",
+        out.stderr
+    );
+
+    // With an allow-list, the line counts and names the hosts (in name order).
+    let out = run(outboxd(Some(&url))
+        .args(["run", "--drain"])
+        .env("OUTBOXD_WEBHOOK_ALLOW_HOSTS", "hooks.internal,10.0.0.5"));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("webhook destinations"))
+        .unwrap_or_else(|| panic!("a policy line: {}", out.stderr));
+    assert!(
+        line.contains("allowed_hosts=2") && line.contains("hosts=10.0.0.5,hooks.internal"),
+        "{line}"
+    );
+    let out = run(outboxd(Some(&url))
+        .args(["run", "--drain"])
+        .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true"));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.contains("webhook destinations")
+                && l.contains("private_networks=\"allowed\"")),
+        "{}",
+        out.stderr
+    );
 }

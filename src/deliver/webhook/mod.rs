@@ -340,7 +340,8 @@ impl WebhookSender {
             Ok(())
         } else {
             Err(DeliveryError::invalid(format!(
-                "destination not allowed: {field}{host} is a private or reserved address"
+                "destination not allowed: {field}{host} is a private or reserved address ({})",
+                crate::deliver::guard::HOW_TO_ALLOW
             )))
         }
     }
