@@ -21,18 +21,10 @@ macro_rules! say {
     }};
 }
 
-/// The command line, parsed, with what only clap's matches know (where a value came from)
-/// noted on the arguments that need it.
+/// The command line, parsed.
 fn parse() -> Result<Cli, clap::Error> {
-    use clap::{CommandFactory as _, FromArgMatches as _};
-    let matches = Cli::command().try_get_matches()?;
-    let mut cli = Cli::from_arg_matches(&matches)?;
-    if let (outboxd::cli::Command::Replay(args), Some(("replay", sub))) =
-        (&mut cli.command, matches.subcommand())
-    {
-        args.note_sources(sub);
-    }
-    Ok(cli)
+    use clap::Parser as _;
+    Cli::try_parse()
 }
 
 fn main() -> ExitCode {

@@ -55,12 +55,12 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct DestinationsArgs {
     /// Print JSON.
-    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub json: bool,
     /// Close this destination's circuit by hand (`host` or `host:port`, as listed; a host
     /// without a port is closed on every port); its held-back messages are due again at
     /// once.
-    #[arg(long, env = "OUTBOXD_CLOSE", value_name = "HOST", value_parser = parse_destination)]
+    #[arg(long, value_name = "HOST", value_parser = parse_destination)]
     pub close: Option<String>,
 }
 
@@ -95,13 +95,13 @@ pub struct ConsoleArgs {
 #[derive(Debug, Args)]
 pub struct DeadFilterArgs {
     /// Only this channel (webhook or email).
-    #[arg(long, env = "OUTBOXD_CHANNEL", value_parser = parse_channel)]
+    #[arg(long, value_parser = parse_channel)]
     pub channel: Option<Channel>,
     /// Only this error class (transient, ambiguous, permanent, invalid, exhausted).
-    #[arg(long, env = "OUTBOXD_ERROR_CLASS", value_parser = parse_error_class)]
+    #[arg(long, value_parser = parse_error_class)]
     pub error_class: Option<ErrorClass>,
     /// Only those that died within this long (e.g. 1h).
-    #[arg(long, env = "OUTBOXD_SINCE", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub since: Option<Duration>,
 }
 
@@ -122,10 +122,10 @@ pub struct DeadArgs {
     #[allow(missing_docs)]
     pub filter: DeadFilterArgs,
     /// Most rows to list.
-    #[arg(long, env = "OUTBOXD_LIMIT", default_value_t = 50)]
+    #[arg(long, default_value_t = 50)]
     pub limit: i64,
     /// Print JSON (an array).
-    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub json: bool,
 }
 
@@ -136,7 +136,7 @@ pub struct ShowArgs {
     #[arg(value_name = "ID|KEY")]
     pub target: String,
     /// Print JSON.
-    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub json: bool,
 }
 
@@ -144,59 +144,28 @@ pub struct ShowArgs {
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
     /// Message ids (digits only) or keys.
-    // Not clap's `conflicts_with = "all_dead"`: clap counts a flag's value taken from its
-    // variable as given, so an exported `OUTBOXD_ALL_DEAD` (even `false`) made every
-    // `replay ID` a usage error. `cli::ops::replay` checks, knowing where each came from.
+    // `cli::ops::replay` checks the named messages against `--all-dead` and the filters,
+    // with a message that names the conflict.
     #[arg(value_name = "ID|KEY")]
     pub targets: Vec<String>,
     /// Replay every dead letter matching the filters.
-    #[arg(long, env = "OUTBOXD_ALL_DEAD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub all_dead: bool,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub filter: DeadFilterArgs,
     /// Say what would be replayed, change nothing.
-    #[arg(long, env = "OUTBOXD_DRY_RUN", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub dry_run: bool,
-    /// Which of the selection's flags were typed on the command line, not taken from
-    /// their variables ([`ReplayArgs::note_sources`]); when not noted (a caller that parsed
-    /// without it), every flag given counts as typed, the careful reading.
-    #[arg(skip)]
-    pub typed: Option<TypedSelection>,
-}
-
-/// Which of `replay`'s selection flags came from the command line.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct TypedSelection {
-    /// `--all-dead`.
-    pub all_dead: bool,
-    /// Any of `--channel`, `--error-class`, `--since`.
-    pub filter: bool,
 }
 
 impl ReplayArgs {
-    /// Notes which selection flags `matches` (this subcommand's) got from the command
-    /// line. The contract has every flag read its `OUTBOXD_*` variable too, and the command
-    /// line beats the variable: a variable exported for another command (`OUTBOXD_CHANNEL`
-    /// for `enqueue --channel`) must not turn `replay ID` into a usage error.
-    pub fn note_sources(&mut self, matches: &clap::ArgMatches) {
-        let typed =
-            |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
-        self.typed = Some(TypedSelection {
-            all_dead: typed("all_dead"),
-            filter: typed("channel") || typed("error_class") || typed("since"),
-        });
-    }
-
-    /// The selection flags typed on the command line, as [`ReplayArgs::note_sources`]
-    /// noted them; when not noted, every flag given counts as typed, the careful reading.
-    pub fn typed(&self) -> TypedSelection {
-        self.typed.unwrap_or(TypedSelection {
-            all_dead: self.all_dead,
-            filter: self.filter.channel.is_some()
-                || self.filter.error_class.is_some()
-                || self.filter.since.is_some(),
-        })
+    /// Whether any of the selection's filters (`--channel`, `--error-class`, `--since`) was
+    /// given.
+    pub fn filtered(&self) -> bool {
+        self.filter.channel.is_some()
+            || self.filter.error_class.is_some()
+            || self.filter.since.is_some()
     }
 }
 
@@ -204,16 +173,16 @@ impl ReplayArgs {
 #[derive(Debug, Args)]
 pub struct HeldArgs {
     /// Only this channel (webhook or email).
-    #[arg(long, env = "OUTBOXD_CHANNEL", value_parser = parse_channel)]
+    #[arg(long, value_parser = parse_channel)]
     pub channel: Option<Channel>,
     /// Only those enqueued within this long (e.g. 1h).
-    #[arg(long, env = "OUTBOXD_SINCE", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub since: Option<Duration>,
     /// Most rows to list.
-    #[arg(long, env = "OUTBOXD_LIMIT", default_value_t = 50)]
+    #[arg(long, default_value_t = 50)]
     pub limit: i64,
     /// Print JSON (an array).
-    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub json: bool,
 }
 
@@ -232,7 +201,7 @@ pub struct CancelArgs {
     #[arg(value_name = "ID|KEY", required = true)]
     pub targets: Vec<String>,
     /// Why, for the history (one line, at most 500 characters).
-    #[arg(long, env = "OUTBOXD_REASON", value_name = "TEXT")]
+    #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
 }
 
@@ -240,10 +209,10 @@ pub struct CancelArgs {
 #[derive(Debug, Args)]
 pub struct PurgeArgs {
     /// Delete rows finished longer ago than this (at least 24h).
-    #[arg(long, env = "OUTBOXD_OLDER_THAN", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub older_than: Duration,
     /// Also delete dead letters (by dead_at).
-    #[arg(long, env = "OUTBOXD_INCLUDE_DEAD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub include_dead: bool,
 }
 
@@ -344,30 +313,30 @@ pub struct RunArgs {
 #[derive(Args)]
 pub struct EnqueueArgs {
     /// The message key, made from durable ids (`run:step:action`).
-    #[arg(long, env = "OUTBOXD_KEY")]
+    #[arg(long)]
     pub key: String,
     /// `webhook` or `email`.
-    #[arg(long, env = "OUTBOXD_CHANNEL")]
+    #[arg(long)]
     pub channel: String,
     /// The payload: JSON text, or `@FILE` to read it from a file (at most 1 MiB); stored
     /// as written (numbers keep every digit, as from SQL).
-    #[arg(long, env = "OUTBOXD_PAYLOAD", hide_env_values = true)]
+    #[arg(long)]
     pub payload: String,
     /// Not before this time (RFC 3339, e.g. 2026-12-24T18:00:00Z).
-    #[arg(long, env = "OUTBOXD_RUN_AFTER", value_parser = parse_rfc3339)]
+    #[arg(long, value_parser = parse_rfc3339)]
     pub run_after: Option<SystemTime>,
     /// The whole attempt budget, the first attempt included.
-    #[arg(long, env = "OUTBOXD_MAX_ATTEMPTS", default_value_t = 3)]
+    #[arg(long, default_value_t = 3)]
     pub max_attempts: i32,
     /// Never retry an attempt whose outcome is unknown.
-    #[arg(long, env = "OUTBOXD_NO_RETRY_AMBIGUOUS", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub no_retry_ambiguous: bool,
     /// Hold it for a person's approval (`outboxd approve`); not sent until then.
-    #[arg(long, env = "OUTBOXD_HELD", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub held: bool,
     /// Send it in order with the other messages of this ordering key: one at a time, in id
     /// order (1..255 characters, no control characters).
-    #[arg(long, env = "OUTBOXD_ORDERING_KEY")]
+    #[arg(long)]
     pub ordering_key: Option<String>,
 }
 
@@ -390,7 +359,7 @@ impl std::fmt::Debug for EnqueueArgs {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// Print JSON.
-    #[arg(long, env = "OUTBOXD_JSON", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub json: bool,
 }
 
@@ -404,23 +373,33 @@ fn parse_rfc3339(s: &str) -> Result<SystemTime, String> {
 mod tests {
     use clap::CommandFactory as _;
 
-    /// The contract: "Each flag also reads `OUTBOXD_<FLAG>`: upper case, hyphens as
-    /// underscores". Every long flag of every subcommand, so that a new one cannot forget.
+    /// The contract: the settings of the long-running commands (`run`, `console`) read
+    /// `OUTBOXD_<FLAG>` too (upper case, hyphens as underscores); the flags of one-shot
+    /// commands are read from the command line only, so that a variable exported for one
+    /// run (`OUTBOXD_CLOSE`, `OUTBOXD_ALL_DEAD`) never changes what a later command does.
+    /// Every long flag of every subcommand, so that a new one cannot forget.
     #[test]
-    fn every_flag_reads_its_variable() {
+    fn settings_read_their_variable_and_one_shot_flags_none() {
         let cli = super::Cli::command();
-        let mut missing = Vec::new();
+        let mut wrong = Vec::new();
         for sub in cli.get_subcommands() {
+            let long_running = matches!(sub.get_name(), "run" | "console");
             for arg in sub.get_arguments() {
                 let Some(long) = arg.get_long() else {
                     continue;
                 };
+                let env = arg.get_env().and_then(|e| e.to_str());
                 let want = format!("OUTBOXD_{}", long.to_uppercase().replace('-', "_"));
-                if arg.get_env().and_then(|e| e.to_str()) != Some(want.as_str()) {
-                    missing.push(format!("{} --{long}: want {want}", sub.get_name()));
+                match (long_running, env) {
+                    (true, Some(e)) if e == want => {}
+                    (false, None) => {}
+                    (true, _) => wrong.push(format!("{} --{long}: want {want}", sub.get_name())),
+                    (false, Some(e)) => {
+                        wrong.push(format!("{} --{long}: reads {e}", sub.get_name()))
+                    }
                 }
             }
         }
-        assert!(missing.is_empty(), "{missing:#?}");
+        assert!(wrong.is_empty(), "{wrong:#?}");
     }
 }

@@ -246,9 +246,6 @@ fn print_history(history: &[AttemptRecord]) {
 }
 
 pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> {
-    // Named messages are typed; a selection flag taken from its variable yields to them
-    // (the command line beats the variable), one typed beside them is a usage error.
-    let typed = args.typed();
     let selection = if args.targets.is_empty() {
         if !args.all_dead {
             return Err(ConfigError(
@@ -258,13 +255,13 @@ pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> 
         }
         ReplaySelection::AllDead(args.filter.filter())
     } else {
-        if typed.all_dead {
+        if args.all_dead {
             return Err(ConfigError(
                 "name the messages to replay (ID|KEY …) or give --all-dead, not both".into(),
             )
             .into());
         }
-        if typed.filter {
+        if args.filtered() {
             return Err(ConfigError(
                 "--channel, --error-class and --since go with --all-dead".into(),
             )
@@ -385,8 +382,7 @@ pub(super) async fn purge(args: PurgeArgs, env: &Env) -> Result<(), CliError> {
 
 /// `destinations`: the hosts whose breaker is not simply closed; `--close HOST` closes one.
 pub(super) async fn destinations(args: DestinationsArgs, env: &Env) -> Result<(), CliError> {
-    // `--close` changes a breaker and prints a line, `--json` lists: a probe that asks for
-    // the list must not close a breaker because `OUTBOXD_CLOSE` happens to be exported.
+    // `--close` changes a breaker and prints a line, `--json` lists: one or the other.
     if args.close.is_some() && args.json {
         return Err(ConfigError(
             "--close and --json do not go together (--close closes a breaker and prints one line)"

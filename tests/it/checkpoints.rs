@@ -1088,7 +1088,7 @@ async fn show_redacts_the_reconcile_url() {
     }
 }
 
-/// `enqueue --held` (or `OUTBOXD_HELD=true`) again with the same payload is the same row,
+/// `enqueue --held` again with the same payload is the same row,
 /// still held; `status` prints the new states; a very long key is just unknown.
 #[tokio::test]
 async fn enqueue_held_from_the_cli_keeps_the_dedup_rule() {
@@ -1107,11 +1107,10 @@ async fn enqueue_held_from_the_cli_keeps_the_dedup_rule() {
     assert_eq!(first.code, Some(0), "{:?}", first.stderr);
     let url = db.url();
     let a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let again = tokio::task::spawn_blocking(move || {
-        run(outboxd(Some(&url)).env("OUTBOXD_HELD", "true").args(&a))
-    })
-    .await
-    .unwrap();
+    let again =
+        tokio::task::spawn_blocking(move || run(outboxd(Some(&url)).args(&a).arg("--held")))
+            .await
+            .unwrap();
     assert_eq!(again.code, Some(0), "{:?}", again.stderr);
     let id = first.stdout.split_whitespace().next().unwrap().to_owned();
     assert_eq!(again.stdout.trim(), format!("{id} existing"));

@@ -561,7 +561,7 @@ fn bad_arguments_exit_2_with_one_line_before_any_connection() {
             vec!["purge", "--older-than", "7d", "all"],
             "all",
         ),
-        // A probe listing destinations must not close one (say, with OUTBOXD_CLOSE exported).
+        // Closing one and listing are two commands.
         (
             "destinations: --close with --json",
             vec!["destinations", "--close", "h.example", "--json"],
@@ -615,13 +615,6 @@ fn bad_environment_values_exit_2_with_one_line() {
             "run",
             vec![],
             "OUTBOXD_WEBHOOK_SECRET",
-        ),
-        (
-            "OUTBOXD_MAX_ATTEMPTS",
-            "lots",
-            "enqueue",
-            vec!["--key", "k", "--channel", "webhook", "--payload", "{}"],
-            "max-attempts",
         ),
     ];
     let mut failures = Vec::new();
@@ -947,7 +940,6 @@ async fn a_non_utf8_environment_value_exits_2_naming_the_variable() {
         ("OTEL_EXPORTER_OTLP_HEADERS", vec!["run", "--drain"]),
         // A flag's variable, read by clap.
         ("OUTBOXD_CONCURRENCY", vec!["run", "--drain"]),
-        ("OUTBOXD_JSON", vec!["status"]),
         ("RUST_LOG", vec!["status"]),
         ("OUTBOXD_LOG_FORMAT", vec!["status"]),
         // Who an operator action is recorded as.

@@ -774,14 +774,12 @@ async fn replay_all_dead_waits_for_a_concurrent_cancel_and_leaves_its_row_out() 
     }
 }
 
-/// Every flag also reads its `OUTBOXD_*` variable, and the command line beats the
-/// variable (the contract). So a selection flag exported for another command yields to
-/// the messages `replay` names: `OUTBOXD_CHANNEL`, exported for `enqueue --channel`, or
-/// any `OUTBOXD_ALL_DEAD`, made `replay ID` a usage error (clap counts a variable's value
-/// as given). Typed beside named messages, the same flags are still refused. And `dead`
-/// reads the variable, as the contract says.
+/// One-shot commands read their flags from the command line only (the contract): a
+/// selection variable exported for another purpose (`OUTBOXD_CHANNEL`, `OUTBOXD_ALL_DEAD`,
+/// `OUTBOXD_DRY_RUN`) changes nothing about what `replay` or `dead` does. Typed beside
+/// named messages, the selection flags are still refused.
 #[tokio::test]
-async fn selection_flags_from_the_environment_yield_to_named_messages() {
+async fn one_shot_commands_ignore_exported_flag_variables() {
     let db = TestDb::new().await;
     for k in ["env:1", "env:2"] {
         enqueue_webhook(&db, k, "https://example.com/h", 3, true).await;
@@ -795,32 +793,31 @@ async fn selection_flags_from_the_environment_yield_to_named_messages() {
         common::binary::run(cmd.env("USER", "alice").args(args))
     };
     let exported = [
-        ("OUTBOXD_CHANNEL", "webhook"),
-        ("OUTBOXD_ALL_DEAD", "false"),
+        ("OUTBOXD_CHANNEL", "email"),
+        ("OUTBOXD_ALL_DEAD", "true"),
+        ("OUTBOXD_DRY_RUN", "true"),
+        ("OUTBOXD_JSON", "true"),
     ];
+    // Not a dry run, not every dead letter: exactly the one named.
     let out = run(&exported, &["replay", "env:1"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert_eq!(row(&db, "env:1").await.state, "pending");
-    let out = run(
-        &[("OUTBOXD_ALL_DEAD", "true")],
-        &["replay", "env:2", "--dry-run"],
-    );
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert!(out.stdout.contains("env:2"), "{}", out.stdout);
+    assert_eq!(row(&db, "env:2").await.state, "dead");
+    // Nothing named and no --all-dead typed: a usage error, whatever is exported.
+    let out = run(&exported, &["replay"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert_eq!(row(&db, "env:2").await.state, "dead");
 
     let out = run(&[], &["replay", "env:2", "--channel", "webhook"]);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
-    let out = run(
-        &[("OUTBOXD_ALL_DEAD", "true")],
-        &["replay", "env:2", "--all-dead"],
-    );
+    let out = run(&[], &["replay", "env:2", "--all-dead"]);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
 
-    let out = run(&[("OUTBOXD_CHANNEL", "email")], &["dead"]);
+    // `dead` lists every channel, as text, with OUTBOXD_CHANNEL and OUTBOXD_JSON exported.
+    let out = run(&exported, &["dead"]);
     assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert!(!out.stdout.contains("env:2"), "{}", out.stdout);
-    let out = run(&[], &["dead"]);
     assert!(out.stdout.contains("env:2"), "{}", out.stdout);
+    assert!(!out.stdout.trim_start().starts_with('['), "{}", out.stdout);
 }
 
 /// A true/false flag takes a value only after `=`: typed before an id or key
