@@ -265,7 +265,9 @@ pub(crate) async fn enqueue_json_text<C: GenericClient>(
 }
 
 /// jsonb refuses some text that serde_json's check lets through: a lone surrogate escape
-/// (`"\ud800"`: 22P02) or a number beyond numeric's range (22003). In
+/// (`"\ud800"`: 22P02), a number beyond numeric's range (22003), or nesting deeper than
+/// the server's stack allows (54001, "stack depth limit exceeded": the check sets no depth
+/// limit, so the database's answer is the one `SELECT outbox.enqueue(...)` gets). In
 /// [`enqueue_json_text`] the payload is the only value PostgreSQL parses from text (the
 /// other parameters are bound in binary, and the SQL checks raise 22023), so these are the
 /// payload's fault: bad input naming it, without the database's DETAIL and CONTEXT, which
@@ -276,6 +278,7 @@ fn payload_refused(err: tokio_postgres::Error) -> EnqueueError {
     };
     if *db.code() == SqlState::INVALID_TEXT_REPRESENTATION
         || *db.code() == SqlState::NUMERIC_VALUE_OUT_OF_RANGE
+        || *db.code() == SqlState::STATEMENT_TOO_COMPLEX
     {
         EnqueueError::Invalid {
             field: "payload".into(),

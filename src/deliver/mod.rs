@@ -159,6 +159,27 @@ pub struct Outgoing<'a> {
     /// 410 late sends in what time is left rather than leave the request to an attempt
     /// that will not come.
     pub last_attempt: bool,
+    /// The worker's limits per destination, for an attempt that looks up before it sends
+    /// ([`RequestLimits`]); `None`: no limits.
+    pub limits: Option<&'a dyn RequestLimits>,
+}
+
+/// The worker's limits per destination (`--host-concurrency`, rate limits) as an attempt
+/// that makes a reconciliation lookup meets them. The lookup is a request to its own host
+/// (`reconcile.url` may name another host than the webhook's): the worker admitted it
+/// against that host before the attempt began, and it holds that host's place only while
+/// the lookup runs. The request that a 404 or 410 lets through is a second request, to the
+/// webhook's host: it takes a token and a place of its own.
+pub trait RequestLimits: Sync {
+    /// The lookup has ended: its place at its host is given back.
+    fn lookup_ended(&self);
+
+    /// Waits until the request may go to the webhook's host, or until `until`. True: it
+    /// may, and holds its place until the attempt ends; false: not in time.
+    fn wait_for_request(
+        &self,
+        until: std::time::Instant,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
 }
 
 impl std::fmt::Debug for Outgoing<'_> {
@@ -170,6 +191,7 @@ impl std::fmt::Debug for Outgoing<'_> {
             .field("webhook", &self.webhook)
             .field("previous", &self.previous)
             .field("last_attempt", &self.last_attempt)
+            .field("limits", &self.limits.is_some())
             .finish()
     }
 }

@@ -13,11 +13,11 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use uuid::Uuid;
 
 use super::Shared;
-use super::destinations::Admission;
+use super::destinations::{Admission, Leave};
 use super::lane::{InLane, Lane};
 use crate::claim::{Claimed, Completion};
 use crate::deliver::webhook::reconcile::{Lookup, Verdict};
-use crate::deliver::{Outgoing, Ready};
+use crate::deliver::{Outgoing, Ready, RequestLimits};
 use crate::model::{Channel, ErrorClass};
 use crate::state::{Budget, DeferReason, Deferral, Ended, decide};
 
@@ -146,13 +146,33 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at
         return Done::Released(msg.id, msg.lease_token);
     }
     // The limits per destination decide last, just before the request: a slot or a rate
-    // token is taken only by a message that is really about to be sent.
-    let permit = match shared.gates.admit(msg.destination.as_deref()) {
+    // token is taken only by a message that is really about to be sent. An attempt that
+    // looks up first sends the lookup first, to the lookup's host (`reconcile.url` may name
+    // another): that host admits it, and the request after it asks its own host again, in
+    // the attempt (`Leave`, `WebhookSender::send`).
+    let looks_up = msg.channel == Channel::Webhook
+        && msg.reconcile
+        && msg.previous_class == Some(ErrorClass::Ambiguous);
+    let lookup_destination = looks_up
+        .then(|| crate::claim::reconcile_destination(&msg.payload))
+        .flatten();
+    let first = if looks_up {
+        lookup_destination.as_deref()
+    } else {
+        msg.destination.as_deref()
+    };
+    let permit = match shared.gates.admit(first) {
         Admission::Go(permit) => permit,
         Admission::Defer(reason, delay) => return Done::deferred(msg, reason, delay),
     };
-    let done = attempt(shared, msg, ready).await;
-    drop(permit);
+    let done = if looks_up {
+        let leave = Leave::new(&shared.gates, msg.destination.clone(), permit);
+        attempt(shared, msg, ready, Some(&leave)).await
+    } else {
+        let done = attempt(shared, msg, ready, None).await;
+        drop(permit);
+        done
+    };
     // Before the completer can record it: rows of the same host waiting in `recheck` then
     // wait for this failure to be counted.
     if let Done::Completed(c, _) = &done {
@@ -164,7 +184,12 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at
 }
 
 /// One attempt: send, classify, decide. Never touches the database.
-async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
+async fn attempt(
+    shared: &Shared,
+    msg: Claimed,
+    ready: Ready<'_>,
+    limits: Option<&dyn RequestLimits>,
+) -> Done {
     if shared.stopping.is_cancelled() {
         return Done::Released(msg.id, msg.lease_token);
     }
@@ -178,6 +203,7 @@ async fn attempt(shared: &Shared, msg: Claimed, ready: Ready<'_>) -> Done {
             webhook: msg.webhook.as_ref(),
             previous: msg.previous_class,
             last_attempt: msg.attempt >= msg.max_attempts,
+            limits,
         })
         .instrument(span.clone())
         .await;

@@ -20,6 +20,12 @@
 //!   host), each later one a step after, but never later than one webhook timeout ahead:
 //!   past that every request in flight has ended one way or the other, and a receiver that
 //!   recovers should not find its backlog parked for hours.
+//!
+//! A reconciliation lookup is a request to its own host, admitted as above against the
+//! lookup's host; the request that its 404 or 410 lets through is the one exception to
+//! "never waited for": it waits in its attempt for its own token and place ([`Leave`]),
+//! within the attempt's timeout, because a deferral would undo the lookup's attempt and the
+//! next one would look up again.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -114,12 +120,7 @@ impl Gates {
         if cap > 0 {
             let host = host_mut(&mut hosts, destination);
             if host.inflight >= cap {
-                let mean = host.mean.unwrap_or(self.timeout / 4);
-                // Not `clamp`: a webhook timeout under MIN_DEFER (`--webhook-timeout 5ms`
-                // is allowed) would make its bounds cross, and it panics then.
-                let step = (mean / u32::try_from(cap).unwrap_or(u32::MAX))
-                    .max(MIN_DEFER)
-                    .min(self.timeout.max(MIN_DEFER));
+                let step = self.busy_step(host.mean, cap);
                 let delay = next_slot(&mut host.next, now, step, self.timeout);
                 return Admission::Defer(DeferReason::HostBusy, delay);
             }
@@ -158,6 +159,64 @@ impl Gates {
         })
     }
 
+    /// Books the request that follows a reconciliation lookup in its attempt
+    /// ([`Leave`]): it waits in the attempt for its turn rather than be deferred. At a busy
+    /// host it is told when to ask again; under a rate limit it books the next token, if
+    /// that comes by `until`, ahead of the messages deferred to it (they are deferred again
+    /// when they come back): it has its lease and its slot already, and its lookup's answer
+    /// is fresh.
+    fn book_at(&self, destination: &str, now: Instant, until: Instant) -> Booking<'_> {
+        let cap = self.limits.host_concurrency;
+        let mut hosts = lock(&self.hosts);
+        if cap > 0 {
+            if let Some(host) = hosts.get(destination) {
+                if host.inflight >= cap {
+                    return Booking::Busy(self.busy_step(host.mean, cap));
+                }
+            }
+        }
+        let mut wait = Duration::ZERO;
+        if let Some((index, rate)) = self.limits.rate_limits.for_destination(destination) {
+            let mut rates = lock(&self.rates);
+            let s = &mut rates[index];
+            let interval = rate.interval();
+            match s.tat {
+                Some(tat) if tat > until => return Booking::TooLate,
+                Some(tat) if tat > now => {
+                    wait = tat - now;
+                    s.tat = Some(tat + interval);
+                }
+                Some(tat) if now.saturating_duration_since(tat) < interval => {
+                    s.tat = Some(tat + interval);
+                }
+                _ => s.tat = Some(now + interval),
+            }
+        }
+        if cap == 0 {
+            return Booking::Go(Permit { held: None }, wait);
+        }
+        // The place is taken now, for the wait too: the token is no use without it.
+        host_mut(&mut hosts, destination).inflight += 1;
+        Booking::Go(
+            Permit {
+                held: Some((self, destination.to_owned(), now + wait)),
+            },
+            wait,
+        )
+    }
+
+    /// How long a request that finds its host busy waits before it asks again: about one
+    /// request's time divided among the host's places, within the shortest deferral and the
+    /// timeout.
+    fn busy_step(&self, mean: Option<Duration>, cap: usize) -> Duration {
+        let mean = mean.unwrap_or(self.timeout / 4);
+        // Not `clamp`: a webhook timeout under MIN_DEFER (`--webhook-timeout 5ms` is
+        // allowed) would make its bounds cross, and it panics then.
+        (mean / u32::try_from(cap).unwrap_or(u32::MAX))
+            .max(MIN_DEFER)
+            .min(self.timeout.max(MIN_DEFER))
+    }
+
     /// A request to `destination` ended after `took`.
     fn finished(&self, destination: &str, took: Duration) {
         let mut hosts = lock(&self.hosts);
@@ -174,6 +233,83 @@ impl Gates {
         if host.inflight == 0 && host.next.is_none_or(|n| n <= Instant::now()) {
             hosts.remove(destination);
         }
+    }
+}
+
+/// What [`Gates::book_at`] gives the request after a lookup.
+enum Booking<'a> {
+    /// It may go after this wait (zero: at once), holding the permit.
+    Go(Permit<'a>, Duration),
+    /// Its host is busy: ask again after this.
+    Busy(Duration),
+    /// The rate's next token comes too late.
+    TooLate,
+}
+
+/// One attempt's standing with the limits when it looks up before it sends
+/// ([`crate::deliver::RequestLimits`]): the lookup's permit, at the lookup's host, taken
+/// before the attempt began and given back when the lookup ends; then, if the lookup lets
+/// the request through, the request's own permit at the webhook's host, waited for.
+/// Dropped when the attempt ends, which gives back what it still holds.
+pub(super) struct Leave<'g> {
+    gates: &'g Gates,
+    /// The webhook's destination (`None`: not limited).
+    destination: Option<String>,
+    lookup: Mutex<Option<Permit<'g>>>,
+    request: Mutex<Option<Permit<'g>>>,
+}
+
+impl<'g> Leave<'g> {
+    /// `lookup`: the permit the lookup was admitted with.
+    pub(super) fn new(gates: &'g Gates, destination: Option<String>, lookup: Permit<'g>) -> Self {
+        Leave {
+            gates,
+            destination,
+            lookup: Mutex::new(Some(lookup)),
+            request: Mutex::new(None),
+        }
+    }
+
+    async fn wait(&self, until: Instant) -> bool {
+        let Some(destination) = self.destination.as_deref() else {
+            return true;
+        };
+        if self.gates.limits.is_off() {
+            return true;
+        }
+        loop {
+            let now = Instant::now();
+            match self.gates.book_at(destination, now, until) {
+                Booking::Go(permit, wait) => {
+                    *lock(&self.request) = Some(permit);
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
+                    return true;
+                }
+                Booking::Busy(step) => {
+                    if now >= until {
+                        return false;
+                    }
+                    tokio::time::sleep(step.min(until - now)).await;
+                }
+                Booking::TooLate => return false,
+            }
+        }
+    }
+}
+
+impl crate::deliver::RequestLimits for Leave<'_> {
+    fn lookup_ended(&self) {
+        let permit = lock(&self.lookup).take();
+        drop(permit);
+    }
+
+    fn wait_for_request(
+        &self,
+        until: Instant,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+        Box::pin(self.wait(until))
     }
 }
 
@@ -297,6 +433,50 @@ mod tests {
         assert!(defer(g.admit_at("h.example:8443", at)).is_some());
         // A destination without an entry is not limited.
         assert!(matches!(g.admit_at("other.example", at), Admission::Go(_)));
+    }
+
+    #[test]
+    fn the_request_after_a_lookup_books_the_next_token_ahead_of_deferred_messages() {
+        let g = gates(0, "h.example=1/s");
+        let t = Instant::now();
+        let second = Duration::from_secs(1);
+        // The lookup takes a token; a message deferred meanwhile is due back at the next.
+        assert!(matches!(g.admit_at("h.example", t), Admission::Go(_)));
+        assert_eq!(defer(g.admit_at("h.example", t)).unwrap().1, second);
+        // The request after the lookup books that next token and waits for it.
+        match g.book_at("h.example", t, t + 5 * second) {
+            Booking::Go(_, wait) => assert_eq!(wait, second),
+            _ => panic!("the next token comes in time"),
+        }
+        // The deferred message, back on time, finds it taken and is deferred again.
+        let back = t + second + Duration::from_millis(5);
+        assert!(defer(g.admit_at("h.example", back)).is_some());
+        // A token that comes after `until` is not booked.
+        assert!(matches!(
+            g.book_at("h.example", t, t + second / 2),
+            Booking::TooLate
+        ));
+    }
+
+    #[test]
+    fn the_request_after_a_lookup_waits_for_a_place_and_then_holds_it() {
+        let g = gates(1, "");
+        let t = Instant::now();
+        let until = t + Duration::from_secs(5);
+        let lookup = g.admit_at("h.example", t);
+        assert!(matches!(
+            g.book_at("h.example", t, until),
+            Booking::Busy(step) if step >= MIN_DEFER
+        ));
+        drop(lookup);
+        let request = g.book_at("h.example", t, until);
+        assert!(matches!(&request, Booking::Go(_, wait) if wait.is_zero()));
+        assert!(
+            defer(g.admit_at("h.example", t)).is_some(),
+            "the place is held"
+        );
+        drop(request);
+        assert!(matches!(g.admit_at("h.example", t), Admission::Go(_)));
     }
 
     #[test]

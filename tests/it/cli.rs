@@ -774,3 +774,94 @@ async fn status_shows_each_channels_due_messages_and_the_oldest_age() {
     assert!((330.0..400.0).contains(&oldest), "{v}");
     assert_eq!(v["due_by_channel"]["webhook"]["due"], 1, "{v}");
 }
+
+/// Deeply nested JSON gets the same answer from `outboxd enqueue` as from
+/// `SELECT outbox.enqueue(...)`: PostgreSQL's parser decides how deep a payload may be, not
+/// a limit of the command line's own (serde_json's 128 levels refused 200). Depths PostgreSQL
+/// takes are stored by both, and the same text enqueued from SQL under the CLI's key answers
+/// with the CLI's row; a depth past PostgreSQL's stack is refused by both, for that reason.
+#[tokio::test]
+async fn deeply_nested_payloads_get_the_same_answer_from_the_cli_and_from_sql() {
+    let db = TestDb::new().await;
+    let url = db.url();
+    let c = db.client().await;
+    let arrays = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let objects = |n: usize| format!("{}1{}", r#"{"a": "#.repeat(n), "}".repeat(n));
+    let cases = [
+        ("arrays-200", arrays(200)),
+        ("objects-200", objects(200)),
+        ("arrays-5000", arrays(5000)),
+        ("objects-5000", objects(5000)),
+        ("arrays-200000", arrays(200_000)),
+        ("objects-200000", objects(200_000)),
+    ];
+    for (name, body) in cases {
+        let payload = format!(r#"{{"url": "https://example.com/h", "body": {body}}}"#);
+        let sql = c
+            .query_one(
+                "SELECT outbox.enqueue($1, 'webhook', $2::text::jsonb)",
+                &[&format!("sql-{name}"), &payload],
+            )
+            .await;
+        // A file, not an argument: Linux caps one argument at 128 KiB.
+        let file = Scratch(
+            std::env::temp_dir().join(format!("outboxd-{}-{name}.json", std::process::id())),
+        );
+        std::fs::write(&file.0, &payload).unwrap();
+        let key = format!("cli-{name}");
+        let out = run(outboxd(Some(&url)).args([
+            "enqueue",
+            "--key",
+            &key,
+            "--channel",
+            "webhook",
+            "--payload",
+            &format!("@{}", file.0.display()),
+        ]));
+        match sql {
+            Ok(_) => {
+                assert_eq!(out.code, Some(0), "{name}: SQL took it: {}", out.stderr);
+                assert!(out.stdout.ends_with("created\n"), "{name}: {}", out.stdout);
+                let id: i64 = out
+                    .stdout
+                    .split_whitespace()
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let again: i64 = c
+                    .query_one(
+                        "SELECT outbox.enqueue($1, 'webhook', $2::text::jsonb)",
+                        &[&key, &payload],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert_eq!(
+                    again, id,
+                    "{name}: the same text from SQL is the same message"
+                );
+            }
+            Err(e) => {
+                let db_err = e.as_db_error().expect("a database error");
+                assert_eq!(
+                    db_err.message(),
+                    "stack depth limit exceeded",
+                    "{name}: {db_err:?}"
+                );
+                assert!(
+                    !name.ends_with("-200"),
+                    "{name}: SQL refused it: {db_err:?}"
+                );
+                assert_usage_error(name, &out, "stack depth limit exceeded");
+            }
+        }
+    }
+    let n: i64 = db
+        .scalar("SELECT count(*) FROM outbox.messages WHERE message_key LIKE 'cli-%'")
+        .await;
+    assert_eq!(
+        n, 4,
+        "the 200- and 5000-deep payloads are stored from the CLI"
+    );
+}

@@ -510,3 +510,175 @@ async fn the_worker_reads_reconcile_as_outbox_reconcilable_does() {
         assert_eq!(r.destination, dest, "the claim's destination of {p}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Reconciliation lookups under the limits: a lookup is a request to its own host
+// ---------------------------------------------------------------------------------------
+
+/// Enqueues one webhook per URL in `urls` (keys `{prefix}{i}`), each naming the lookup
+/// `lookup`, and leaves them as an ambiguous first attempt would (one attempt counted,
+/// class `ambiguous`): the worker's next attempt of each asks the lookup first.
+async fn enqueue_after_ambiguous(db: &TestDb, prefix: &str, urls: &[String], lookup: &str) {
+    let msgs: Vec<_> = urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| {
+            outboxd::NewMessage::webhook(
+                format!("{prefix}{i}"),
+                serde_json::json!({"url": url, "body": {"i": i}, "reconcile": {"url": lookup}}),
+            )
+        })
+        .collect();
+    let c = db.client().await;
+    outboxd::enqueue_many(&c, &msgs).await.unwrap();
+    c.execute(
+        "UPDATE outbox.messages SET attempts = 1, error_class = 'ambiguous', \
+                last_error = 'timed out' WHERE message_key LIKE $1",
+        &[&format!("{prefix}%")],
+    )
+    .await
+    .unwrap();
+}
+
+/// Waits until every message of `prefix` (`n` of them) is delivered.
+async fn wait_delivered(db: &TestDb, prefix: &str, n: i64) {
+    wait_until(
+        std::time::Duration::from_secs(30),
+        &format!("{n} {prefix} messages delivered"),
+        || async move { delivered_to(db, prefix).await == n },
+    )
+    .await;
+}
+
+/// The arrival times of `requests`, in order.
+fn arrivals(requests: &[common::receiver::Recorded]) -> Vec<std::time::Instant> {
+    let mut at: Vec<_> = requests.iter().map(|r| r.at).collect();
+    at.sort();
+    at
+}
+
+/// A lookup takes a token of its own host's rate limit, not of the webhook's: four
+/// messages whose lookups are due at once, to a lookup service limited to `1/s` (the
+/// webhooks' host has no limit), do not send four lookups within a second. They were all
+/// sent within milliseconds, under the webhooks' host's (absent) limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciliation_lookups_keep_their_own_hosts_rate_limit() {
+    let db = TestDb::new().await;
+    let hooks = Receiver::start().await;
+    let lookups = Receiver::start().await;
+    // Found: each message is reconciled and no webhook is sent again.
+    lookups.set_default(Reply::Status(200));
+    let urls: Vec<String> = (0..4).map(|_| hooks.url("/hook")).collect();
+    enqueue_after_ambiguous(&db, "rl:", &urls, &lookups.url("/lookup")).await;
+    let mut cfg = test_worker_config("w");
+    cfg.limits.rate_limits =
+        outboxd::config::limits::RateLimits::parse(&format!("{}=1/s", lookups.addr)).unwrap();
+    let worker = RunningWorker::start(&db, cfg, test_webhook_config());
+    wait_delivered(&db, "rl:", 4).await;
+    worker.stop().await;
+    assert!(
+        hooks.requests().is_empty(),
+        "every lookup found its operation"
+    );
+    let at = arrivals(&lookups.requests());
+    eprintln!(
+        "lookups at 1/s: {:?}",
+        at.iter().map(|t| *t - at[0]).collect::<Vec<_>>()
+    );
+    assert_eq!(at.len(), 4, "one lookup per message");
+    // At 1/s a request may come early by less than one interval, so any three span more
+    // than a second and four more than two; the margins are for a loaded machine.
+    for w in at.windows(3) {
+        let span = w[2] - w[0];
+        assert!(
+            span >= std::time::Duration::from_millis(600),
+            "three lookups within {span:?}"
+        );
+    }
+    let span = at[3] - at[0];
+    assert!(
+        span >= std::time::Duration::from_millis(1500),
+        "four lookups within {span:?}"
+    );
+}
+
+/// A lookup takes a place of its own host under `--host-concurrency`: with a cap of 1,
+/// lookups are never in flight together to the lookup service, although each message's
+/// webhook goes to a destination of its own (a port nothing listens on: every lookup finds
+/// its operation, so no webhook is sent). The lookups took their webhooks' places, and all
+/// four were in flight at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciliation_lookups_keep_their_own_hosts_concurrency_cap() {
+    let db = TestDb::new().await;
+    let lookups = Receiver::start().await;
+    lookups.set_default(Reply::Slow(std::time::Duration::from_millis(300), 200));
+    let urls: Vec<String> = (1..=4)
+        .map(|port| format!("http://127.0.0.1:{port}/hook"))
+        .collect();
+    enqueue_after_ambiguous(&db, "cap:", &urls, &lookups.url("/lookup")).await;
+    let mut cfg = test_worker_config("w");
+    cfg.limits.host_concurrency = 1;
+    let worker = RunningWorker::start(&db, cfg, test_webhook_config());
+    wait_delivered(&db, "cap:", 4).await;
+    worker.stop().await;
+    assert_eq!(lookups.requests().len(), 4, "one lookup per message");
+    assert_eq!(
+        lookups.max_inflight(),
+        1,
+        "lookups in flight together to one host under --host-concurrency 1"
+    );
+}
+
+/// A lookup and the request it lets through (it answered 404: the earlier attempt did not
+/// take effect) each take a token: under `127.0.0.1=1/s`, which covers both the lookup
+/// service and the webhooks' receiver (any port), three such messages make six requests,
+/// and six requests at 1/s span at least four seconds. Sharing one token, a lookup and its
+/// request went out together, and the six took two seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_and_the_request_after_it_each_take_a_token() {
+    let db = TestDb::new().await;
+    let hooks = Receiver::start().await;
+    let lookups = Receiver::start().await;
+    lookups.set_default(Reply::Status(404));
+    hooks.set_default(Reply::Status(200));
+    let urls: Vec<String> = (0..3).map(|_| hooks.url("/hook")).collect();
+    enqueue_after_ambiguous(&db, "tok:", &urls, &lookups.url("/lookup")).await;
+    let mut cfg = test_worker_config("w");
+    cfg.limits.rate_limits = outboxd::config::limits::RateLimits::parse("127.0.0.1=1/s").unwrap();
+    // A timeout of 5 s: the request after a lookup waits for its token inside the attempt,
+    // for up to half the timeout.
+    let webhook = outboxd::deliver::webhook::settings::WebhookConfig {
+        timeout: std::time::Duration::from_secs(5),
+        ..test_webhook_config()
+    };
+    let worker = RunningWorker::start(&db, cfg, webhook);
+    wait_delivered(&db, "tok:", 3).await;
+    worker.stop().await;
+    for i in 0..3 {
+        let key = format!("tok:{i}");
+        let (asked, sent) = (lookups.requests_for(&key), hooks.requests_for(&key));
+        assert_eq!(
+            (asked.len(), sent.len()),
+            (1, 1),
+            "{key}: one lookup, one request"
+        );
+        assert!(
+            sent[0].at >= asked[0].at,
+            "{key}: the request after the lookup"
+        );
+    }
+    let mut all = lookups.requests();
+    all.extend(hooks.requests());
+    let at = arrivals(&all);
+    eprintln!(
+        "lookups and requests at 1/s: {:?}",
+        at.iter().map(|t| *t - at[0]).collect::<Vec<_>>()
+    );
+    // Request k comes at least k - 2 intervals after the first (one may come early by
+    // less than an interval): six span four seconds; half a second of margin.
+    let span = at[5] - at[0];
+    assert!(
+        span >= std::time::Duration::from_millis(3500),
+        "six requests at 1/s within {span:?}"
+    );
+}

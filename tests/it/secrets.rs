@@ -646,6 +646,7 @@ fn debug_of_what_holds_secrets_shows_none() {
         webhook: claimed.webhook.as_ref(),
         previous: None,
         last_attempt: false,
+        limits: None,
     };
     let email_text = json!({
         "from": "Shop <shop@example.com>",

@@ -166,6 +166,9 @@ impl WebhookSender {
         if let Some(url) = &p.req.reconcile {
             if msg.previous == Some(ErrorClass::Ambiguous) {
                 let (l, settled) = self.reconcile(&p, url, deadline).await;
+                if let Some(limits) = msg.limits {
+                    limits.lookup_ended();
+                }
                 lookup = Some(l);
                 if let Some(result) = settled {
                     return Attempted {
@@ -174,17 +177,31 @@ impl WebhookSender {
                         requested: false,
                     };
                 }
+                // The time the lookup left is judged before any wait for the limits.
+                if let Some(late) = too_late(&p, deadline, self.timeout, true, msg.last_attempt) {
+                    return Attempted {
+                        result: Err(late),
+                        lookup,
+                        requested: false,
+                    };
+                }
+                if let Some(limits) = msg.limits {
+                    if let Some(held) = self.leave_to_send(limits, &p, deadline, msg).await {
+                        return Attempted {
+                            result: Err(held),
+                            lookup,
+                            requested: false,
+                        };
+                    }
+                }
             } else if let Some(blocked) = self.refused_early(url, deadline).await {
                 return Attempted::unsent(blocked);
             }
         }
-        if let Some(late) = too_late(
-            &p,
-            deadline,
-            self.timeout,
-            lookup.is_some(),
-            msg.last_attempt,
-        ) {
+        // Now only a deadline already passed holds the request back: a wait for the limits
+        // ends with half the timeout left, or on the last attempt, which sends in what is
+        // left, at the deadline.
+        if let Some(late) = too_late(&p, deadline, self.timeout, false, msg.last_attempt) {
             return Attempted {
                 result: Err(late),
                 lookup,
@@ -197,6 +214,48 @@ impl WebhookSender {
             lookup,
             requested: true,
         }
+    }
+
+    /// Waits for the limits of the webhook's host to let the request after a lookup go
+    /// (the lookup answered 404 or 410). It waits here, inside the attempt, rather than
+    /// have the message deferred: the contract sends that request in the same attempt as
+    /// the lookup, and a deferral would undo the attempt, so the next one would look up
+    /// again and take another token (under one rate shared by the lookup and the request,
+    /// a message could look up for ever and never send). The wait holds the delivery slot,
+    /// but never past the attempt's deadline, and it ends where [`too_late`] would hold the
+    /// request back anyway: at half the timeout left, or at the deadline on the last
+    /// attempt. A request that got no leave by then is not sent, and the attempt ends as
+    /// one whose lookup took too long: transient, and the next attempt sends without a
+    /// lookup, admitted as any first request is (deferred while over the limit, not
+    /// counted). None: the request may go.
+    async fn leave_to_send(
+        &self,
+        limits: &dyn super::RequestLimits,
+        p: &Prepared<'_>,
+        deadline: Instant,
+        msg: Outgoing<'_>,
+    ) -> Option<DeliveryError> {
+        let until = if msg.last_attempt {
+            deadline
+        } else {
+            deadline.checked_sub(self.timeout / 2).unwrap_or(deadline)
+        };
+        if limits.wait_for_request(until).await {
+            return None;
+        }
+        let next = if msg.last_attempt {
+            ""
+        } else {
+            "; the next attempt sends it"
+        };
+        Some(DeliveryError::new(
+            ErrorClass::Transient,
+            format!(
+                "the limits of {} (a rate limit or --host-concurrency) left no room to send \
+                 in time after the reconciliation lookup{next}",
+                host_of(&p.req.url)
+            ),
+        ))
     }
 
     /// Checks the payload and both destinations as far as can be done without a request:

@@ -58,6 +58,22 @@ struct State {
     script: VecDeque<Reply>,
     default: Option<Reply>,
     requests: Vec<Recorded>,
+    /// Requests being answered now, and the most there ever were at once.
+    inflight: usize,
+    max_inflight: usize,
+}
+
+/// One request being answered, from its arrival until the handler has its answer (for a
+/// streamed body, before the body is sent): counted in [`State::inflight`] meanwhile. The
+/// worker sees the answer later still, so the receiver never counts more requests at once
+/// than the worker had in flight.
+struct Answering(Arc<Mutex<State>>);
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        let mut s = self.0.lock().unwrap();
+        s.inflight = s.inflight.saturating_sub(1);
+    }
 }
 
 /// The receiver; dropped with the test's runtime.
@@ -136,6 +152,11 @@ impl Receiver {
             .collect()
     }
 
+    /// The most requests that were being answered at once.
+    pub fn max_inflight(&self) -> usize {
+        self.state.lock().unwrap().max_inflight
+    }
+
     /// Waits until at least `n` requests arrived.
     pub async fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Recorded> {
         let this = self.clone();
@@ -160,8 +181,11 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let _answering = Answering(st.clone());
     let reply = {
         let mut s = st.lock().unwrap();
+        s.inflight += 1;
+        s.max_inflight = s.max_inflight.max(s.inflight);
         s.requests.push(Recorded {
             method,
             uri,
