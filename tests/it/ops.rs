@@ -852,3 +852,49 @@ async fn a_flag_before_an_id_or_key_does_not_take_it_as_its_value() {
     let (code, _, err) = cli(&db, &["replay", "--dry-run=maybe", "flag:1"]);
     assert_eq!(code, 2, "{err}");
 }
+
+/// A replay's history row records the action, not a failure: no class, no error, in the
+/// database and in `show`; the failure it answered stays on the attempt before it.
+#[tokio::test]
+async fn a_replay_row_reads_as_a_replay_not_a_failure() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(410)]);
+    enqueue_webhook(&db, "replay:row", &rx.url("/h"), 3, true).await;
+    let w = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
+    wait_for_state(&db, "replay:row", "dead", Duration::from_secs(10)).await;
+    w.stop().await;
+    let (code, _, err) = cli(&db, &["replay", "replay:row"]);
+    assert_eq!(code, 0, "{err}");
+    let history = attempts(&db, "replay:row").await;
+    assert_eq!(
+        history
+            .iter()
+            .map(|a| (a.1.as_str(), a.2.as_deref()))
+            .collect::<Vec<_>>(),
+        [("dead", Some("permanent")), ("replayed", None)]
+    );
+    let error: Option<String> = db
+        .scalar("SELECT error FROM outbox.attempts WHERE outcome = 'replayed'")
+        .await;
+    assert_eq!(error, None);
+
+    let (code, out, err) = cli(&db, &["show", "replay:row"]);
+    assert_eq!(code, 0, "{err}");
+    let replayed = out
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("replayed"))
+        .unwrap_or_else(|| panic!("no replayed row in:\n{out}"));
+    assert!(
+        !replayed.contains("permanent") && !replayed.contains("410"),
+        "the replay reads as a failure: {replayed}"
+    );
+    let (_, out, _) = cli(&db, &["show", "replay:row", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let row = &v["history"][1];
+    assert_eq!(row["outcome"], "replayed");
+    assert_eq!(
+        (&row["error_class"], &row["error"]),
+        (&serde_json::Value::Null, &serde_json::Value::Null)
+    );
+}
