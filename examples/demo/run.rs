@@ -4,27 +4,39 @@
 use outboxd::{NewMessage, enqueue};
 use serde_json::json;
 
-/// A run of the demo, named by its id: every key it enqueues starts `demo-<id>:`.
+/// A run of the demo, named by its number: every key it enqueues starts `demo-run-<n>:`.
 pub struct Run {
-    id: String,
+    id: i64,
 }
 
 impl Run {
-    /// A new run against the database `client` is connected to.
-    pub async fn start(_client: &tokio_postgres::Client) -> anyhow::Result<Run> {
-        Ok(Run {
-            id: std::process::id().to_string(),
-        })
+    /// A new run against the database `client` is connected to: the next number of the
+    /// database's `demo_runs`. A key is made from durable ids, as an application makes
+    /// its own: a process id is not one (in a container it is the same on every run), and
+    /// the receivers' port changes from run to run, so a second run that reused the first
+    /// run's keys met them with another payload and was refused (OB409).
+    pub async fn start(client: &tokio_postgres::Client) -> anyhow::Result<Run> {
+        client
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS demo_runs \
+                 (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, started_at timestamptz NOT NULL DEFAULT now())",
+            )
+            .await?;
+        let id = client
+            .query_one("INSERT INTO demo_runs DEFAULT VALUES RETURNING id", &[])
+            .await?
+            .get(0);
+        Ok(Run { id })
     }
 
-    /// The key of an order's step, made from durable ids: `demo-<run>:order-<n>:<step>`.
+    /// The key of an order's step, made from durable ids: `demo-run-<n>:order-<m>:<step>`.
     pub fn key(&self, order: u32, step: &str) -> String {
-        format!("demo-{}:order-{order}:{step}", self.id)
+        format!("demo-run-{}:order-{order}:{step}", self.id)
     }
 
     /// What every key of this run starts with.
     pub fn prefix(&self) -> String {
-        format!("demo-{}:", self.id)
+        format!("demo-run-{}:", self.id)
     }
 }
 
