@@ -14,8 +14,10 @@ use std::sync::{Arc, Mutex};
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use outboxd::{NewMessage, enqueue};
-use serde_json::json;
+
+#[path = "demo/run.rs"]
+mod demo_run;
+use demo_run::{Run, enqueue_orders};
 
 type Seen = Arc<Mutex<BTreeMap<String, Vec<u16>>>>;
 type Mails = Arc<Mutex<Vec<String>>>;
@@ -68,63 +70,9 @@ async fn main() -> anyhow::Result<()> {
     println!("   and an SMTP receiver at {smtp_url}");
 
     step("3. business transactions that enqueue webhooks (and a receipt e-mail)");
-    client
-        .batch_execute("CREATE TABLE IF NOT EXISTS demo_orders (id bigint PRIMARY KEY, state text NOT NULL); TRUNCATE demo_orders")
-        .await?;
-    let run_id = std::process::id();
-    let key = |order: u32, step: &str| format!("demo-{run_id}:order-{order}:{step}");
-    for (order, path, commit) in [
-        (1, "orders", true),
-        (2, "orders", false),
-        (3, "flaky", true),
-        (4, "gone", true),
-    ] {
-        let tx = client.transaction().await?;
-        tx.execute(
-            "INSERT INTO demo_orders VALUES ($1, 'paid')",
-            &[&i64::from(order)],
-        )
-        .await?;
-        let msg = NewMessage::webhook(
-            key(order, "paid"),
-            json!({"url": format!("{base}/{path}"), "body": {"order": order, "event": "order.paid"}}),
-        );
-        let e = enqueue(&tx, &msg).await?;
-        if order == 1 {
-            // The same transaction also writes the customer's receipt.
-            let receipt = NewMessage::email(
-                key(order, "receipt"),
-                json!({"from": "Shop <shop@example.com>", "to": ["alice@example.com"],
-                       "subject": "Your order №1 is paid ✓", "text": "Thank you!",
-                       "html": "<p>Thank you!</p>"}),
-            );
-            enqueue(&tx, &receipt).await?;
-        }
-        if commit {
-            tx.commit().await?;
-            println!(
-                "   order {order}: committed, message {} enqueued (key {})",
-                e.id,
-                key(order, "paid")
-            );
-        } else {
-            tx.rollback().await?;
-            println!("   order {order}: ROLLED BACK: its message must never be sent");
-        }
-    }
-    // Enqueueing the same key again is a no-op that returns the first record.
-    let again = enqueue(
-        &client,
-        &NewMessage::webhook(
-            key(1, "paid"),
-            json!({"url": format!("{base}/orders"), "body": {"order": 1, "event": "order.paid"}}),
-        ),
-    )
-    .await?;
-    println!(
-        "   order 1 enqueued again with the same key: created = {} (deduplicated)",
-        again.created
-    );
+    let run_id = Run::start(&client).await?;
+    let key = |order: u32, step: &str| run_id.key(order, step);
+    enqueue_orders(&mut client, &run_id, &base).await?;
 
     step("4. run the daemon until the queue is drained: outboxd run --drain");
     run(Command::new(&bin)
@@ -146,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
         .query(
             "SELECT message_key, state, attempts, coalesce(error_class, '-'), coalesce(last_error, '-') \
              FROM outbox.messages WHERE message_key LIKE $1 ORDER BY id",
-            &[&format!("demo-{run_id}:%")],
+            &[&format!("{}%", run_id.prefix())],
         )
         .await?;
     println!(

@@ -766,10 +766,11 @@ BEGIN
             USING ERRCODE = '55000';
     END IF;
 
+    -- The history's row records the action, not a failure: no class and no error. The
+    -- failure it answers is on the attempt row before it.
     INSERT INTO outbox.attempts
-        (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
-    SELECT m.id, m.attempts, coalesce(actor, current_user::text), now(), now(), 'replayed',
-           m.error_class, m.last_error
+        (message_id, attempt, worker, started_at, finished_at, outcome)
+    SELECT m.id, m.attempts, coalesce(actor, current_user::text), now(), now(), 'replayed'
     FROM outbox.messages m
     WHERE m.id = ANY(message_ids);
 

@@ -63,11 +63,16 @@ fn main() -> ExitCode {
                 }
                 _ => {
                     // One line: clap's first line names the problem; the usage block
-                    // that follows it is what --help is for.
+                    // that follows it is what --help is for. A typo keeps clap's
+                    // suggestion, on the same line.
                     // clap echoes the offending argument, which may be a key holding
                     // control characters.
+                    let hint = match suggestion(&e) {
+                        Some(s) => format!("did you mean {s}?; "),
+                        None => String::new(),
+                    };
                     say!(
-                        "{} (see outboxd --help)",
+                        "{} ({hint}see outboxd --help)",
                         outboxd::text::escape(&usage_line(&e))
                     );
                     ExitCode::from(2)
@@ -130,8 +135,38 @@ fn non_utf8_flag_variable() -> Option<outboxd::support::NotUtf8> {
         .map(outboxd::support::NotUtf8::of)
 }
 
+/// clap's "did you mean" for a mistyped subcommand, flag or value, quoted
+/// (`'status'`, or `'approve' or 'purge'` when several are close): clap prints it on a
+/// `tip:` line of its own, which [`usage_line`] leaves out. Taken from the error's context,
+/// not its text, so that clap's wording can change without losing it.
+fn suggestion(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    [
+        ContextKind::SuggestedSubcommand,
+        ContextKind::SuggestedArg,
+        ContextKind::SuggestedValue,
+    ]
+    .into_iter()
+    .find_map(|kind| {
+        // clap lists several from the least to the most similar: the best first here.
+        let names: Vec<&str> = match e.get(kind)? {
+            ContextValue::String(s) => vec![s.as_str()],
+            ContextValue::Strings(v) => v.iter().rev().map(String::as_str).collect(),
+            _ => Vec::new(),
+        };
+        (!names.is_empty()).then(|| {
+            names
+                .iter()
+                .map(|n| format!("'{n}'"))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        })
+    })
+}
+
 /// clap's message as one line: the lines before its usage block, joined (a missing
-/// argument is named on the line after "not provided:").
+/// argument is named on the line after "not provided:"), without clap's `tip:` lines
+/// ([`suggestion`] gives the one that matters).
 fn usage_line(e: &clap::Error) -> String {
     let text = e.to_string();
     let problem: Vec<&str> = text

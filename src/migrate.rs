@@ -125,6 +125,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "contract_names_and_ordered_dead",
         sql: include_str!("../sql/0018_contract_names_and_ordered_dead.sql"),
     },
+    Migration {
+        version: 19,
+        name: "replay_row_without_the_old_error",
+        sql: include_str!("../sql/0019_replay_row_without_the_old_error.sql"),
+    },
 ];
 
 /// Why migrating failed.

@@ -258,6 +258,55 @@ pub struct MessageDetail {
     pub ordering_key: Option<String>,
     /// Every attempt and operator action, oldest first.
     pub history: Vec<AttemptRecord>,
+    /// What an operator can do about it now ([`next_steps`]): empty but for a dead letter.
+    pub next_steps: Vec<NextStep>,
+}
+
+/// One thing an operator can do about a message, as `outboxd show` suggests it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NextStep {
+    /// The action: `confirm`, `replay` or `cancel`.
+    pub action: String,
+    /// The command that does it (`outboxd replay 42`).
+    pub command: String,
+    /// When it is the right one.
+    pub when: String,
+}
+
+/// What an operator can do about a message in `state` with `error_class`: a dead letter
+/// can be replayed or cancelled, and one whose last attempt may have taken effect
+/// (`ambiguous`) can also be confirmed, which a person does after asking the provider.
+/// Nothing for any other state: a worker or an approval moves those on.
+pub fn next_steps(id: i64, state: &str, error_class: Option<&str>) -> Vec<NextStep> {
+    if state != "dead" {
+        return Vec::new();
+    }
+    let step = |action: &str, when: &str| NextStep {
+        action: action.to_owned(),
+        command: format!("outboxd {action} {id}"),
+        when: when.to_owned(),
+    };
+    if error_class == Some("ambiguous") {
+        vec![
+            step(
+                "confirm",
+                "it took effect (the provider has it): recorded as delivered",
+            ),
+            step(
+                "replay",
+                "it did not take effect: sent again, with the same key",
+            ),
+            step("cancel", "it must not be sent again"),
+        ]
+    } else {
+        vec![
+            step(
+                "replay",
+                "once the cause is fixed: sent again, with the same key",
+            ),
+            step("cancel", "it must not be sent again"),
+        ]
+    }
 }
 
 /// The payload as `outboxd show` prints it, keeping no more than the logs and
@@ -453,7 +502,9 @@ pub async fn show<C: GenericClient>(
         cancelled_at: ts(18),
         ordering_key: r.get(19),
         history: Vec::new(),
+        next_steps: Vec::new(),
     };
+    detail.next_steps = next_steps(detail.id, &detail.state, detail.error_class.as_deref());
     for a in client
         .query_typed(queries::SHOW_ATTEMPTS, &[(id, Type::INT8)])
         .await?

@@ -11,7 +11,13 @@ use crate::ops::DeadFilter;
 
 /// outboxd: a transactional outbox worker for e-mails and webhooks on PostgreSQL.
 #[derive(Debug, Parser)]
-#[command(name = "outboxd", version, about, long_about = None)]
+#[command(
+    name = "outboxd",
+    version,
+    about,
+    long_about = None,
+    after_help = environment_help(Scope::All)
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -24,6 +30,7 @@ pub enum Command {
     /// Apply the schema migrations (idempotent; safe to run concurrently).
     Migrate,
     /// Run the delivery daemon.
+    #[command(after_help = environment_help(Scope::Run))]
     Run(RunArgs),
     /// Enqueue one message (prints its id and `created` or `existing`).
     Enqueue(EnqueueArgs),
@@ -46,9 +53,165 @@ pub enum Command {
     /// Delete finished messages older than a given age, in batches.
     Purge(PurgeArgs),
     /// Serve the operator console in the browser (sign in with OUTBOXD_CONSOLE_TOKEN).
+    #[command(after_help = environment_help(Scope::Console))]
     Console(ConsoleArgs),
     /// List destinations whose circuit breaker is open, half-open or counting failures.
     Destinations(DestinationsArgs),
+}
+
+/// Which command's help lists the environment: the top command lists every variable,
+/// `run` and `console` the ones they read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    All,
+    Run,
+    Console,
+}
+
+/// A setting read only from the environment: its variable, what it means, and whether
+/// `run` and `console` read it.
+struct EnvSetting {
+    name: &'static str,
+    meaning: &'static str,
+    run: bool,
+    console: bool,
+}
+
+/// The settings no flag has: without them in `--help`, a newcomer found them only by
+/// reading the source. A test compares this list with the variables `src/` reads.
+const ENVIRONMENT: &[EnvSetting] = &[
+    EnvSetting {
+        name: "DATABASE_URL",
+        meaning: "required: postgres://user:pass@host/db or libpq key=value, with sslmode, \
+             sslrootcert, sslcert and sslkey",
+        run: true,
+        console: true,
+    },
+    EnvSetting {
+        name: "OUTBOXD_SMTP_URL",
+        meaning: "the e-mail relay: smtp://[user:pass@]host[:port][?tls=none|starttls] (STARTTLS \
+             unless tls=none) or smtps://...; when set, run delivers the email channel too",
+        run: true,
+        console: false,
+    },
+    EnvSetting {
+        name: "OUTBOXD_WEBHOOK_SECRET",
+        meaning: "whsec_<base64>: sign webhooks (Standard Webhooks); several, space-separated, \
+             all sign (rotation); unset: webhooks go unsigned",
+        run: true,
+        console: false,
+    },
+    EnvSetting {
+        name: "OUTBOXD_WEBHOOK_SECRET_<NAME>",
+        meaning: "a named secret (NAME: A-Z, 0-9, _): a payload's \"secret\": \"name\" signs \
+             with it instead",
+        run: true,
+        console: false,
+    },
+    EnvSetting {
+        name: "OUTBOXD_ALLOW_PRIVATE_NETWORKS",
+        meaning: "true: webhooks may go to loopback, private and reserved addresses (refused by \
+             default, the message dead with class invalid)",
+        run: true,
+        console: false,
+    },
+    EnvSetting {
+        name: "OUTBOXD_WEBHOOK_ALLOW_HOSTS",
+        meaning: "comma-separated host names or IP literals exempt from that check (e.g. \
+             localhost,hooks.internal)",
+        run: true,
+        console: false,
+    },
+    EnvSetting {
+        name: "OUTBOXD_WEBHOOK_RATE_LIMITS",
+        meaning: "requests per host, host=N/s|N/m, comma-separated (run's --webhook-rate-limits)",
+        run: false,
+        console: false,
+    },
+    EnvSetting {
+        name: "OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN",
+        meaning: "the domain of every Message-ID (default: the From address's)",
+        run: true,
+        console: false,
+    },
+    EnvSetting {
+        name: "OUTBOXD_CONSOLE_TOKEN",
+        meaning: "the console's sign-in token, at least 16 characters; required unless the \
+             console listens on loopback",
+        run: false,
+        console: true,
+    },
+    EnvSetting {
+        name: "OUTBOXD_LOG_FORMAT",
+        meaning: "text (default) or json, on stderr",
+        run: true,
+        console: true,
+    },
+    EnvSetting {
+        name: "RUST_LOG",
+        meaning: "log filter (default: info for run and console, warn otherwise)",
+        run: true,
+        console: true,
+    },
+    EnvSetting {
+        name: "OTEL_EXPORTER_OTLP_ENDPOINT",
+        meaning: "run exports a trace span per attempt over OTLP/HTTP when this or \
+             OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set; also read: \
+             OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TRACES_HEADERS, \
+             OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, \
+             OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER, \
+             OTEL_TRACES_SAMPLER_ARG, OTEL_SDK_DISABLED, OTEL_TRACES_EXPORTER",
+        run: true,
+        console: false,
+    },
+    EnvSetting {
+        name: "USER",
+        meaning: "who replay, approve, cancel and confirm record as acting (cli:<USER>)",
+        run: false,
+        console: false,
+    },
+];
+
+/// The help's closing section: the environment-only settings of `scope`, one per entry,
+/// names aligned, and where the flags' variables are shown.
+fn environment_help(scope: Scope) -> String {
+    use std::fmt::Write as _;
+    let shown: Vec<&EnvSetting> = ENVIRONMENT
+        .iter()
+        .filter(|e| match scope {
+            Scope::All => true,
+            Scope::Run => e.run,
+            Scope::Console => e.console,
+        })
+        .collect();
+    let width = shown.iter().map(|e| e.name.len()).max().unwrap_or(0);
+    let mut text = String::from(match scope {
+        Scope::All => {
+            "Environment (settings no flag has; every flag also reads OUTBOXD_<FLAG>, shown\n\
+             in each command's --help, and a flag beats its variable):\n"
+        }
+        Scope::Run | Scope::Console => "Environment (besides each flag's variable above):\n",
+    });
+    // The meanings wrapped to end by column 100, under one another.
+    let room = 100usize.saturating_sub(width + 4).max(40);
+    for e in shown {
+        let mut name = e.name;
+        let mut line = String::new();
+        for word in e.meaning.split(' ') {
+            if !line.is_empty() && line.len() + 1 + word.len() > room {
+                let _ = writeln!(text, "  {name:<width$}  {line}");
+                name = "";
+                line.clear();
+            }
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+        let _ = writeln!(text, "  {name:<width$}  {line}");
+    }
+    text.truncate(text.trim_end().len());
+    text
 }
 
 /// `outboxd destinations`.

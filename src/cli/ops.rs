@@ -195,12 +195,35 @@ fn print_message(detail: &MessageDetail) {
             opt(&detail.last_error)
         );
     }
+    print_next_steps(detail);
     // serde_json escapes C0 controls in strings, not DEL, C1 or bidi overrides.
     if let Some(r) = &detail.response {
         out!("  response     {}", esc(&r.to_string()));
     }
     out!("  payload      {}", esc(&detail.payload.to_string()));
     out!();
+}
+
+/// A dead letter's way out, in one or two lines under its error: for one that may have
+/// taken effect, the person who checked with the provider confirms it or replays it.
+fn print_next_steps(detail: &MessageDetail) {
+    let steps = &detail.next_steps;
+    if steps.is_empty() {
+        return;
+    }
+    let id = detail.id;
+    if steps.iter().any(|s| s.action == "confirm") {
+        out!(
+            "  next steps   it may have taken effect: ask the provider, then `outboxd confirm {id}` if it did,"
+        );
+        out!(
+            "               `outboxd replay {id}` if it did not (same key), or `outboxd cancel {id}`"
+        );
+    } else {
+        out!(
+            "  next steps   `outboxd replay {id}` once the cause is fixed (same key), or `outboxd cancel {id}`"
+        );
+    }
 }
 
 /// `show`'s text output, second part: the attempt history as a table.

@@ -15,6 +15,7 @@ use super::db_call::{Backoff, bounded, checkout};
 use super::{ALARM_MARGIN, Shared};
 use crate::claim::{self, Completion};
 use crate::model::{AttemptOutcome, ErrorClass};
+use crate::state::Transition;
 use crate::support::lock;
 
 /// Runs a database write (`$op`, an expression using `$client`, a connection of `$pool`)
@@ -285,12 +286,22 @@ pub(super) fn log_attempts(
         let class = c.transition.error_class().map(ErrorClass::as_str);
         let attempt = format_args!("{}/{}", c.attempt, l.max_attempts);
         let duration_ms = l.duration.as_millis() as u64;
+        // A retry says when the next attempt comes: in how long, and at what time (the
+        // completion wrote `run_after = now() + delay` a moment ago).
+        let next = match (outcome, &c.transition) {
+            (AttemptOutcome::Retry, Transition::Retry { delay, .. }) => {
+                Some(NextAttempt::after(*delay))
+            }
+            _ => None,
+        };
         match outcome {
             AttemptOutcome::Delivered | AttemptOutcome::Reconciled | AttemptOutcome::Retry => {
                 tracing::info!(
                     message_id = c.id, key = %crate::text::Escaped(&l.key), channel = %l.channel, attempt = %attempt,
                     outcome = outcome.as_str(), error_class = class, status = c.status,
                     duration_ms, deduplicated = c.deduplicated, error = c.error.as_deref(),
+                    next_attempt_in = next.as_ref().map(|n| tracing::field::display(&n.delay)),
+                    retry_at = next.as_ref().map(|n| tracing::field::display(&n.at)),
                     "attempt finished"
                 )
             }
@@ -301,5 +312,110 @@ pub(super) fn log_attempts(
                 "attempt finished"
             ),
         }
+    }
+}
+
+/// When a retried message's next attempt comes, for its log line.
+struct NextAttempt {
+    /// `next_attempt_in`: the delay, rounded for a person ([`Delay`]).
+    delay: Delay,
+    /// `retry_at`: the time, RFC 3339 in UTC to the second.
+    at: String,
+}
+
+impl NextAttempt {
+    fn after(delay: std::time::Duration) -> NextAttempt {
+        let at = std::time::SystemTime::now() + delay;
+        NextAttempt {
+            delay: Delay(delay),
+            at: rfc3339_seconds(at),
+        }
+    }
+}
+
+/// A delay as a person reads it: `850ms`, `9.7s`, `4m12s`, `2h5m`: the jittered delay's
+/// milliseconds would be noise.
+struct Delay(std::time::Duration);
+
+impl std::fmt::Display for Delay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0.as_millis();
+        if ms < 1_000 {
+            return write!(f, "{ms}ms");
+        }
+        // Tenths of a second, a whole number written without `.0`; from 59.95 s on, a
+        // minute.
+        let tenths = (ms + 50) / 100;
+        if tenths < 600 {
+            return match tenths % 10 {
+                0 => write!(f, "{}s", tenths / 10),
+                t => write!(f, "{}.{t}s", tenths / 10),
+            };
+        }
+        let secs = (ms + 500) / 1_000;
+        if secs < 3_600 {
+            return match secs % 60 {
+                0 => write!(f, "{}m", secs / 60),
+                s => write!(f, "{}m{s}s", secs / 60),
+            };
+        }
+        let mins = (secs + 30) / 60;
+        match mins % 60 {
+            0 => write!(f, "{}h", mins / 60),
+            m => write!(f, "{}h{m}m", mins / 60),
+        }
+    }
+}
+
+/// `2026-12-07T18:30:12Z`: `t` to the second (rounded down), in UTC; empty if it is out
+/// of the calendar's range, which a retry delay capped by `--retry-max` never reaches.
+fn rfc3339_seconds(t: std::time::SystemTime) -> String {
+    let secs = match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(_) => return String::new(),
+    };
+    time::OffsetDateTime::from_unix_timestamp(secs)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn delays_read_as_a_person_writes_them() {
+        for (ms, want) in [
+            (0, "0ms"),
+            (850, "850ms"),
+            (999, "999ms"),
+            (1_000, "1s"),
+            (9_734, "9.7s"),
+            (9_960, "10s"),
+            (59_940, "59.9s"),
+            (59_960, "1m"),
+            (60_000, "1m"),
+            (252_400, "4m12s"),
+            (900_000, "15m"),
+            (3_599_600, "1h"),
+            (7_500_000, "2h5m"),
+        ] {
+            assert_eq!(
+                Delay(Duration::from_millis(ms)).to_string(),
+                want,
+                "{ms} ms"
+            );
+        }
+    }
+
+    #[test]
+    fn retry_times_are_rfc3339_in_utc() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_796_563_512_999);
+        assert_eq!(rfc3339_seconds(t), "2026-12-06T13:25:12Z");
     }
 }

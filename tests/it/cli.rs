@@ -57,6 +57,160 @@ fn help_exits_0() {
     assert!(out.stdout.contains("--payload"));
 }
 
+/// The variable names `src/` mentions outside its test modules (from the first
+/// `#[cfg(test)]` line of a file on, as `tests/it/tidy.rs` reads it): every `OUTBOXD_*`,
+/// `OTEL_*`, `DATABASE_URL` and `RUST_LOG`. A prefix written alone (`OUTBOXD_<FLAG>`) is
+/// not a variable.
+fn variables_in_src() -> std::collections::BTreeSet<String> {
+    fn walk(dir: &std::path::Path, out: &mut std::collections::BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            let bytes = code.as_bytes();
+            let word = |b: u8| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_';
+            let mut i = 0;
+            while i < bytes.len() {
+                let starts_word = i == 0 || !word(bytes[i - 1]);
+                let known = ["OUTBOXD_", "OTEL_", "DATABASE_URL", "RUST_LOG"]
+                    .iter()
+                    .any(|p| bytes[i..].starts_with(p.as_bytes()));
+                if !(starts_word && known) {
+                    i += 1;
+                    continue;
+                }
+                let end = bytes[i..]
+                    .iter()
+                    .position(|b| !word(*b))
+                    .map_or(bytes.len(), |n| i + n);
+                let name = code[i..end].trim_end_matches('_');
+                if name.contains('_') {
+                    out.insert(name.to_owned());
+                }
+                i = end;
+            }
+        }
+    }
+    let mut found = std::collections::BTreeSet::new();
+    walk(
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")),
+        &mut found,
+    );
+    found
+}
+
+/// `--help` names every setting read from the environment: the top command all of them,
+/// `run` and `console` those they read (besides each flag's own variable, which clap
+/// shows beside the flag). A variable `src/` reads that no help names fails here.
+#[test]
+fn help_lists_the_environment() {
+    let help = |args: &[&str]| {
+        let out = run(outboxd(None).args(args));
+        assert_eq!(out.code, Some(0), "{args:?}: {:?}", out.stderr);
+        out.stdout
+    };
+    let top = help(&["--help"]);
+    for name in [
+        "DATABASE_URL",
+        "OUTBOXD_SMTP_URL",
+        "OUTBOXD_WEBHOOK_SECRET ",
+        "OUTBOXD_WEBHOOK_SECRET_<NAME>",
+        "OUTBOXD_ALLOW_PRIVATE_NETWORKS",
+        "OUTBOXD_WEBHOOK_ALLOW_HOSTS",
+        "OUTBOXD_WEBHOOK_RATE_LIMITS",
+        "OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN",
+        "OUTBOXD_CONSOLE_TOKEN",
+        "OUTBOXD_LOG_FORMAT",
+        "RUST_LOG",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OUTBOXD_<FLAG>",
+    ] {
+        assert!(top.contains(name), "outboxd --help names {name}:\n{top}");
+    }
+    // `-h` too: it is what a newcomer types first.
+    assert!(help(&["-h"]).contains("OUTBOXD_ALLOW_PRIVATE_NETWORKS"));
+    let run_help = help(&["run", "--help"]);
+    for name in [
+        "DATABASE_URL",
+        "OUTBOXD_SMTP_URL",
+        "OUTBOXD_WEBHOOK_SECRET_<NAME>",
+        "OUTBOXD_ALLOW_PRIVATE_NETWORKS",
+        "OUTBOXD_WEBHOOK_ALLOW_HOSTS",
+        "OUTBOXD_WEBHOOK_RATE_LIMITS",
+        "OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN",
+        "OUTBOXD_LOG_FORMAT",
+        "RUST_LOG",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ] {
+        assert!(
+            run_help.contains(name),
+            "outboxd run --help names {name}:\n{run_help}"
+        );
+    }
+    let console_help = help(&["console", "--help"]);
+    for name in [
+        "DATABASE_URL",
+        "OUTBOXD_CONSOLE_TOKEN",
+        "OUTBOXD_LOG_FORMAT",
+    ] {
+        assert!(
+            console_help.contains(name),
+            "outboxd console --help names {name}:\n{console_help}"
+        );
+    }
+    // Every variable the source reads is named by some help: the top command's, or a
+    // subcommand's beside its flag.
+    use clap::CommandFactory as _;
+    let mut all = top.clone();
+    for sub in outboxd::cli::Cli::command().get_subcommands() {
+        all.push_str(&help(&[sub.get_name(), "--help"]));
+    }
+    let found = variables_in_src();
+    assert!(found.contains("OUTBOXD_CONSOLE_TOKEN"), "{found:?}");
+    let missing: Vec<&String> = found.iter().filter(|v| !all.contains(v.as_str())).collect();
+    assert!(
+        missing.is_empty(),
+        "read in src/, named by no --help: {missing:?}"
+    );
+}
+
+/// A typo gets clap's "did you mean", on the one line of the error.
+#[test]
+fn a_typo_is_answered_with_a_suggestion_on_one_line() {
+    let out = run(outboxd(Some(UNREACHABLE_URL)).arg("stauts"));
+    assert_usage_error("subcommand typo", &out, "stauts");
+    assert_eq!(
+        out.stderr_lines()[0],
+        "error: unrecognized subcommand 'stauts' (did you mean 'status'?; see outboxd --help)"
+    );
+    for (args, want) in [
+        (vec!["status", "--jsn"], "did you mean '--json'?"),
+        (
+            vec!["run", "--concurency", "4"],
+            "did you mean '--concurrency'?",
+        ),
+        (vec!["replay", "--all-ded"], "did you mean '--all-dead'?"),
+    ] {
+        let out = run(outboxd(Some(UNREACHABLE_URL)).args(&args));
+        assert_usage_error(&format!("{args:?}"), &out, want);
+    }
+    // Nothing close: no suggestion, the line as before.
+    let out = run(outboxd(Some(UNREACHABLE_URL)).arg("frobnicate"));
+    assert_usage_error("no close subcommand", &out, "frobnicate");
+    assert!(!out.stderr.contains("did you mean"), "{}", out.stderr);
+    // The suggestion does not undo the escaping of what was typed.
+    let out = run(outboxd(Some(UNREACHABLE_URL)).args(["status", "--jso\u{1b}[2J"]));
+    assert_usage_error("control characters", &out, "see outboxd --help");
+    assert!(!out.stderr.contains('\u{1b}'), "{:?}", out.stderr);
+}
+
 #[tokio::test]
 async fn migrate_twice_exits_0() {
     let db = TestDb::empty().await;

@@ -23,20 +23,28 @@ async fn enqueue_held(db: &TestDb, key: &str, url: &str) -> i64 {
     outboxd::enqueue(&c, &msg).await.unwrap().id
 }
 
-/// A dead e-mail, made by hand (no relay needed): a held row set dead, as a refused
-/// recipient leaves one.
+/// The line and the response the worker stores for a recipient the relay refused: reply
+/// codes and counts, never the reply's text or an address (README, "E-mail").
+const REFUSED_RECIPIENT: &str = "SMTP 550 5.1.1 from smtp.example.com:587: 1 of 1 recipients refused; \
+     no DATA sent (a message goes to all its recipients or to none)";
+
+/// A dead e-mail, made by hand (no relay needed): a held row set dead, with what a refused
+/// recipient leaves.
 async fn dead_email(db: &TestDb, key: &str) -> i64 {
     let c = db.client().await;
     let msg = outboxd::NewMessage::email(
         key,
-        serde_json::json!({"from": "shop@example.com", "to": ["a@example.com"], "subject": "Hi", "text": "T"}),
+        serde_json::json!({"from": "Shop <shop@example.com>", "to": ["customer@example.com"],
+                           "subject": "Your receipt", "text": "Thank you for your order."}),
     )
     .held(true);
     let id = outboxd::enqueue(&c, &msg).await.unwrap().id;
     c.execute(
-        "UPDATE outbox.messages SET state = 'dead', dead_at = now(), error_class = 'permanent', \
-         last_error = '550 5.1.1 no such user' WHERE id = $1",
-        &[&id],
+        "UPDATE outbox.messages SET state = 'dead', attempts = 1, dead_at = now(), \
+         error_class = 'permanent', last_error = $2, \
+         response = '{\"status\": 550, \"phase\": \"rcpt\", \"enhanced_status\": \"5.1.1\", \
+                      \"recipients\": 1, \"refused\": 1, \"deferred\": 0}' WHERE id = $1",
+        &[&id, &REFUSED_RECIPIENT],
     )
     .await
     .unwrap();
@@ -76,6 +84,9 @@ async fn wait_text(b: &Browser, css: &str, want: &str) {
     }
 }
 
+/// The operator's path through the console, among hostile rows (a key and a destination
+/// that are markup). It takes no pictures: the README's come from an ordinary day
+/// ([`the_readme_pictures_show_an_ordinary_day`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_signs_in_sees_the_counts_filters_replays_and_approves_in_a_browser() {
     let db = TestDb::new().await;
@@ -114,7 +125,6 @@ async fn an_operator_signs_in_sees_the_counts_filters_replays_and_approves_in_a_
     // A wrong token is refused: the form again, with the reason, and no session.
     b.sign_in(&console, "alice", "not-the-token-at-all").await;
     wait_text(&b, "#problem", "wrong token").await;
-    b.screenshot("signin").await;
     b.client.goto(&console.url("/")).await.unwrap();
     b.wait_for("#name").await;
 
@@ -140,12 +150,10 @@ async fn an_operator_signs_in_sees_the_counts_filters_replays_and_approves_in_a_
         XSS_KEY,
         "a destination's name is shown as text"
     );
-    b.screenshot("overview").await;
 
     // Filter the dead letters: webhook only.
     b.open(&console.url("/dead"), "#filters").await;
     wait_text(&b, "#match-count", "2 dead letters match").await;
-    b.screenshot("dead").await;
     b.wait_for("#f-channel")
         .await
         .select_by_value("webhook")
@@ -167,7 +175,6 @@ async fn an_operator_signs_in_sees_the_counts_filters_replays_and_approves_in_a_
         .unwrap();
     b.click("#replay-selected", "#touches").await;
     wait_text(&b, "#touches", "replays 1 message").await;
-    b.screenshot("confirm").await;
     b.click("#do-it", "#result").await;
     wait_text(&b, "#result", "replayed 1 message(s)").await;
     wait_for_state(&db, "order-1:notify", "delivered", Duration::from_secs(15)).await;
@@ -186,7 +193,6 @@ async fn an_operator_signs_in_sees_the_counts_filters_replays_and_approves_in_a_
         !payload.contains("SECRET") && !payload.contains("/hook"),
         "{payload}"
     );
-    b.screenshot("message").await;
 
     // Held: the hostile key is text, not a script; approve the other one.
     b.open(&console.url("/held"), "#held").await;
@@ -199,7 +205,6 @@ async fn an_operator_signs_in_sees_the_counts_filters_replays_and_approves_in_a_
         .await
         .unwrap();
     assert!(scripts.is_empty(), "no script element on the page");
-    b.screenshot("held").await;
     b.wait_for(&format!("tr[data-id='{held_id}'] input[type=checkbox]"))
         .await
         .click()
@@ -226,6 +231,130 @@ async fn an_operator_signs_in_sees_the_counts_filters_replays_and_approves_in_a_
     assert_eq!(crate::common::row(&db, "order-1:mail").await.state, "dead");
     assert_eq!(crate::common::row(&db, XSS_KEY).await.state, "held");
     let _ = (mail_id, xss_id);
+
+    b.close().await;
+    worker.stop().await;
+}
+
+/// The README's pictures (`OUTBOXD_CONSOLE_SCREENSHOTS=docs/console`), from what a shop's
+/// operator would see on an ordinary day: orders' webhooks delivered, one partner endpoint
+/// that failed and is replayed once fixed, a receipt e-mail to a refused address, refunds
+/// waiting for approval, a partner's API with its circuit open. Nothing hostile: the
+/// hostile keys and destinations have the test above, which takes no pictures. Each page
+/// is checked before its picture, so the pictures show what the test saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_pictures_show_an_ordinary_day() {
+    let db = TestDb::new().await;
+    let shop = Receiver::start().await;
+    let partner = Receiver::start().await;
+    // The partner's endpoint is down for the first request: its message dies (one attempt
+    // allowed), and is replayed once the endpoint is back.
+    partner.script([Reply::Status(503)]);
+    let worker = RunningWorker::start(&db, test_worker_config("worker-1"), test_webhook_config());
+    let c = db.client().await;
+    let paid = |key: &str, url: &str, order: u32, max_attempts: i32| {
+        outboxd::NewMessage::webhook(
+            key,
+            serde_json::json!({"url": url, "body": {"event": "order.paid", "order": order,
+                                                    "amount": "59.90", "currency": "EUR"}}),
+        )
+        .max_attempts(max_attempts)
+    };
+    let base = format!("http://localhost:{}", shop.addr.port());
+    for order in 1041..=1046 {
+        let key = format!("order-{order}:paid:notify");
+        let msg = paid(&key, &format!("{base}/hooks/orders"), order, 5);
+        outboxd::enqueue(&c, &msg).await.unwrap();
+    }
+    let partner_url = format!("http://localhost:{}/v2/events", partner.addr.port());
+    let msg = paid("order-1047:paid:partner", &partner_url, 1047, 1);
+    let dead_id = outboxd::enqueue(&c, &msg).await.unwrap().id;
+    wait_for_state(&db, "order-1047:paid:partner", "dead", WAIT).await;
+    for order in 1041..=1046 {
+        wait_for_state(
+            &db,
+            &format!("order-{order}:paid:notify"),
+            "delivered",
+            WAIT,
+        )
+        .await;
+    }
+    dead_email(&db, "order-1045:receipt:email").await;
+    enqueue_held(&db, "refund-2207:approve", &format!("{base}/hooks/refunds")).await;
+    enqueue_held(&db, "payout-88:approve", &format!("{base}/hooks/payouts")).await;
+    db.client()
+        .await
+        .execute(
+            "INSERT INTO outbox.destinations (host, state, consecutive_failures, open_until) \
+             VALUES ('api.partner.example:8443', 'open', 10, now() + interval '25 seconds')",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let console = Console::start(&db);
+    let b = Browser::start(1280, 900).await;
+
+    b.sign_in(&console, "alice", "not-the-token-at-all").await;
+    wait_text(&b, "#problem", "wrong token").await;
+    b.screenshot("signin").await;
+    b.client.goto(&console.url("/")).await.unwrap();
+    b.wait_for("#name").await;
+
+    b.sign_in(&console, "alice", TOKEN).await;
+    b.wait_for("#counts").await;
+    assert_eq!(b.text("tr[data-state=delivered] td.total").await, "6");
+    assert_eq!(b.text("tr[data-state=dead] td.total").await, "2");
+    assert_eq!(b.text("tr[data-state=held] td.total").await, "2");
+    wait_text(&b, "#chart-summary", "6 delivered").await;
+    assert_eq!(b.text("#open-destinations .open-count").await, "1");
+    b.screenshot("overview").await;
+
+    b.open(&console.url("/dead"), "#filters").await;
+    wait_text(&b, "#match-count", "2 dead letters match").await;
+    let listed = b.text("#dead tbody").await;
+    assert!(
+        listed.contains("HTTP 503 from localhost") && listed.contains("1 of 1 recipients refused"),
+        "{listed}"
+    );
+    b.screenshot("dead").await;
+
+    // The partner's endpoint is back: replay its message.
+    b.wait_for(&format!("tr[data-id='{dead_id}'] input[type=checkbox]"))
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.click("#replay-selected", "#touches").await;
+    wait_text(&b, "#touches", "replays 1 message").await;
+    b.screenshot("confirm").await;
+    b.click("#do-it", "#result").await;
+    wait_text(&b, "#result", "replayed 1 message(s)").await;
+    wait_for_state(&db, "order-1047:paid:partner", "delivered", WAIT).await;
+
+    b.open(&console.url(&format!("/message/{dead_id}")), "#history")
+        .await;
+    let history = b.text("#history").await;
+    assert!(
+        history.contains("replayed") && history.contains("console:alice"),
+        "{history}"
+    );
+    assert!(history.contains("delivered"), "{history}");
+    // Tall enough for the history under the payload: the replay between the failure and
+    // the delivery.
+    b.client.set_window_size(1280, 1120).await.unwrap();
+    b.open(&console.url(&format!("/message/{dead_id}")), "#history")
+        .await;
+    b.screenshot("message").await;
+    b.client.set_window_size(1280, 900).await.unwrap();
+
+    b.open(&console.url("/held"), "#held").await;
+    let held = b.text("#held tbody").await;
+    assert!(
+        held.contains("refund-2207:approve") && held.contains("payout-88:approve"),
+        "{held}"
+    );
+    b.screenshot("held").await;
 
     // The same pages at a phone's width.
     b.client.set_window_size(390, 844).await.unwrap();

@@ -485,3 +485,77 @@ async fn a_console_with_a_closed_stderr_serves_and_stops() {
             .unwrap();
     assert_eq!(code, Some(0));
 }
+
+/// A retry's log line says when the next attempt comes: `next_attempt_in` (the delay, as a
+/// person reads it) and `retry_at` (the time, RFC 3339 UTC); and the next attempt does
+/// come then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_log_line_says_when_the_next_attempt_comes() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(503)]);
+    enqueue_webhook(&db, "retry:log", &rx.url("/hook"), 3, true).await;
+    let url = db.url();
+    let out = tokio::task::spawn_blocking(move || {
+        common::binary::run_within(
+            common::binary::outboxd(Some(&url))
+                .args(["run", "--drain", "--retry-base", "2s", "--retry-max", "2s"])
+                .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true"),
+            Duration::from_secs(30),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("attempt finished") && l.contains("outcome=\"retry\""))
+        .unwrap_or_else(|| panic!("no retry line in:\n{}", out.stderr));
+    let field = |name: &str| -> String {
+        let start = line
+            .find(&format!(" {name}="))
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+            + name.len()
+            + 2;
+        line[start..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .trim_matches('"')
+            .to_owned()
+    };
+    // 2 s base, with jitter: between half of it and all of it, in tenths of a second.
+    let delay = field("next_attempt_in");
+    let secs: f64 = match delay.strip_suffix("ms") {
+        Some(ms) => ms.parse::<f64>().unwrap() / 1000.0,
+        None => delay.strip_suffix('s').unwrap().parse().unwrap(),
+    };
+    assert!(
+        (0.5..=2.0).contains(&secs),
+        "next_attempt_in={delay} in {line}"
+    );
+    let at = time::OffsetDateTime::parse(
+        &field("retry_at"),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap_or_else(|e| panic!("retry_at is not RFC 3339 ({e}): {line}"));
+    // The second attempt started at that time: `retry_at` is rounded down to the second
+    // and read a moment after the database's clock set the row's `run_after` (so a second
+    // of slack before it), and the worker takes the row up within its poll interval.
+    let c = db.client().await;
+    let second: std::time::SystemTime = c
+        .query_one(
+            "SELECT a.started_at FROM outbox.attempts a JOIN outbox.messages m ON m.id = a.message_id \
+             WHERE m.message_key = 'retry:log' AND a.attempt = 2",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let second = time::OffsetDateTime::from(second);
+    assert!(
+        second >= at - time::Duration::seconds(1) && second <= at + time::Duration::seconds(5),
+        "attempt 2 started at {second}, the log said {at}: {line}"
+    );
+}

@@ -14,6 +14,7 @@ mod cli;
 mod cli_bad_args;
 mod console;
 mod daemon;
+mod demo;
 mod destinations;
 mod email;
 mod enqueue;

@@ -849,3 +849,131 @@ async fn a_flag_before_an_id_or_key_does_not_take_it_as_its_value() {
     let (code, _, err) = cli(&db, &["replay", "--dry-run=maybe", "flag:1"]);
     assert_eq!(code, 2, "{err}");
 }
+
+/// A replay's history row records the action, not a failure: no class, no error, in the
+/// database and in `show`; the failure it answered stays on the attempt before it.
+#[tokio::test]
+async fn a_replay_row_reads_as_a_replay_not_a_failure() {
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::Status(410)]);
+    enqueue_webhook(&db, "replay:row", &rx.url("/h"), 3, true).await;
+    let w = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
+    wait_for_state(&db, "replay:row", "dead", Duration::from_secs(10)).await;
+    w.stop().await;
+    let (code, _, err) = cli(&db, &["replay", "replay:row"]);
+    assert_eq!(code, 0, "{err}");
+    let history = attempts(&db, "replay:row").await;
+    assert_eq!(
+        history
+            .iter()
+            .map(|a| (a.1.as_str(), a.2.as_deref()))
+            .collect::<Vec<_>>(),
+        [("dead", Some("permanent")), ("replayed", None)]
+    );
+    let error: Option<String> = db
+        .scalar("SELECT error FROM outbox.attempts WHERE outcome = 'replayed'")
+        .await;
+    assert_eq!(error, None);
+
+    let (code, out, err) = cli(&db, &["show", "replay:row"]);
+    assert_eq!(code, 0, "{err}");
+    let replayed = out
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("replayed"))
+        .unwrap_or_else(|| panic!("no replayed row in:\n{out}"));
+    assert!(
+        !replayed.contains("permanent") && !replayed.contains("410"),
+        "the replay reads as a failure: {replayed}"
+    );
+    let (_, out, _) = cli(&db, &["show", "replay:row", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let row = &v["history"][1];
+    assert_eq!(row["outcome"], "replayed");
+    assert_eq!(
+        (&row["error_class"], &row["error"]),
+        (&serde_json::Value::Null, &serde_json::Value::Null)
+    );
+}
+
+/// `show` of a dead letter says what a person can do: for one that may have taken effect,
+/// confirm it (it did), replay it (it did not; same key) or cancel it; in `--json` too,
+/// as `next_steps`. A message that is not dead gets none.
+#[tokio::test]
+async fn show_of_a_dead_letter_says_what_can_be_done() {
+    let db = TestDb::new().await;
+    for k in ["steps:ambiguous", "steps:permanent", "steps:pending"] {
+        enqueue_webhook(&db, k, "https://example.com/h", 3, true).await;
+    }
+    kill(&db, "steps:ambiguous", "ambiguous", "1 minute").await;
+    kill(&db, "steps:permanent", "permanent", "1 minute").await;
+    let id = row(&db, "steps:ambiguous").await.id;
+
+    let (code, out, err) = cli(&db, &["show", "steps:ambiguous"]);
+    assert_eq!(code, 0, "{err}");
+    let steps: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("next steps"))
+        .take_while(|l| l.starts_with("  ") && !l.trim_start().starts_with("response"))
+        .take_while(|l| !l.trim_start().starts_with("payload"))
+        .collect();
+    assert!(
+        (1..=2).contains(&steps.len()),
+        "one or two lines of next steps:\n{out}"
+    );
+    let steps = steps.join(" ");
+    for want in [
+        "may have taken effect",
+        &format!("outboxd confirm {id}"),
+        &format!("outboxd replay {id}"),
+        &format!("outboxd cancel {id}"),
+        "same key",
+    ] {
+        assert!(steps.contains(want), "{want:?} in {steps:?}");
+    }
+    let (_, out, _) = cli(&db, &["show", "steps:ambiguous", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let actions: Vec<&str> = v["next_steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["confirm", "replay", "cancel"]);
+    // Following the first one works: the message is delivered, confirmed.
+    let (code, _, err) = cli(&db, &["confirm", &id.to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(row(&db, "steps:ambiguous").await.state, "delivered");
+    let (_, out, _) = cli(&db, &["show", "steps:ambiguous"]);
+    assert!(!out.contains("next steps"), "{out}");
+
+    let (_, out, _) = cli(&db, &["show", "steps:permanent"]);
+    let steps = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("next steps"))
+        .unwrap_or_else(|| panic!("no next steps in:\n{out}"));
+    assert!(
+        steps.contains("outboxd replay") && !steps.contains("confirm"),
+        "{steps}"
+    );
+    let (_, out, _) = cli(&db, &["show", "steps:permanent", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let actions: Vec<&str> = v["next_steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["replay", "cancel"]);
+    assert!(
+        v["next_steps"][0]["command"]
+            .as_str()
+            .unwrap()
+            .starts_with("outboxd replay ")
+    );
+
+    let (_, out, _) = cli(&db, &["show", "steps:pending", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["next_steps"], serde_json::json!([]));
+    assert_eq!(v["state"], "pending", "the rest of the JSON as before");
+}

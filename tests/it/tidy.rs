@@ -85,6 +85,10 @@ const RELEASED_MIGRATIONS: &[(&str, &str)] = &[
         "0018_contract_names_and_ordered_dead.sql",
         "9a691705872af8e9853125c32149c0e12033d3f9d63637a80e51e65cefdaeb80",
     ),
+    (
+        "0019_replay_row_without_the_old_error.sql",
+        "a64ee432c2638330882060f8c26e0baa0a58985c719ddc35b9e0fa54a5af41e3",
+    ),
 ];
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it
