@@ -34,107 +34,96 @@ impl Migration {
 }
 
 /// Every migration, in order. A test checks this list against the files in `sql/`.
-pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "outbox",
-        sql: include_str!("../sql/0001_outbox.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "operations",
-        sql: include_str!("../sql/0002_operations.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "enqueue_many_set_based",
-        sql: include_str!("../sql/0003_enqueue_many_set_based.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "attempts_without_foreign_key",
-        sql: include_str!("../sql/0004_attempts_without_foreign_key.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "wakeups_for_idle_workers",
-        sql: include_str!("../sql/0005_wakeups_for_idle_workers.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "cheaper_enqueue",
-        sql: include_str!("../sql/0006_cheaper_enqueue.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "enqueue_hardening",
-        sql: include_str!("../sql/0007_enqueue_hardening.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "lease_expiry_rule",
-        sql: include_str!("../sql/0008_lease_expiry_rule.sql"),
-    },
-    Migration {
-        version: 9,
-        name: "human_checkpoints",
-        sql: include_str!("../sql/0009_human_checkpoints.sql"),
-    },
-    Migration {
-        version: 10,
-        name: "reconcile",
-        sql: include_str!("../sql/0010_reconcile.sql"),
-    },
-    Migration {
-        version: 11,
-        name: "purge_cancelled",
-        sql: include_str!("../sql/0011_purge_cancelled.sql"),
-    },
-    Migration {
-        version: 12,
-        name: "ordering_keys",
-        sql: include_str!("../sql/0012_ordering_keys.sql"),
-    },
-    Migration {
-        version: 13,
-        name: "destinations",
-        sql: include_str!("../sql/0013_destinations.sql"),
-    },
-    Migration {
-        version: 14,
-        name: "breakers",
-        sql: include_str!("../sql/0014_breakers.sql"),
-    },
-    Migration {
-        version: 15,
-        name: "enqueue_many_insert_first",
-        sql: include_str!("../sql/0015_enqueue_many_insert_first.sql"),
-    },
-    Migration {
-        version: 16,
-        name: "message_key_byte_order",
-        sql: include_str!("../sql/0016_message_key_byte_order.sql"),
-    },
-    Migration {
-        version: 17,
-        name: "replay_keeps_the_unknown",
-        sql: include_str!("../sql/0017_replay_keeps_the_unknown.sql"),
-    },
-    Migration {
-        version: 18,
-        name: "contract_names_and_ordered_dead",
-        sql: include_str!("../sql/0018_contract_names_and_ordered_dead.sql"),
-    },
-    Migration {
-        version: 19,
-        name: "replay_row_without_the_old_error",
-        sql: include_str!("../sql/0019_replay_row_without_the_old_error.sql"),
-    },
+///
+/// Until the first release the schema was squashed into one baseline, the live schema as
+/// one file; from the first release tag on, an applied file never changes and every change
+/// is a new numbered file (a tidy test holds released files to the tag).
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "baseline",
+    sql: include_str!("../sql/0001_baseline.sql"),
+}];
+
+/// The migrations a pre-release build recorded before the schema was squashed into the
+/// baseline, in order. A database migrated through all of them has exactly the baseline's
+/// schema; `outboxd migrate` recognises it and says how to adopt the baseline, rather than
+/// guessing.
+const PRE_BASELINE: [&str; 19] = [
+    "outbox",
+    "operations",
+    "enqueue_many_set_based",
+    "attempts_without_foreign_key",
+    "wakeups_for_idle_workers",
+    "cheaper_enqueue",
+    "enqueue_hardening",
+    "lease_expiry_rule",
+    "human_checkpoints",
+    "reconcile",
+    "purge_cancelled",
+    "ordering_keys",
+    "destinations",
+    "breakers",
+    "enqueue_many_insert_first",
+    "message_key_byte_order",
+    "replay_keeps_the_unknown",
+    "contract_names_and_ordered_dead",
+    "replay_row_without_the_old_error",
 ];
+
+/// Is `recorded` exactly the whole pre-release history, by number and name?
+fn is_whole_pre_baseline(recorded: &[(i32, String, String)]) -> bool {
+    recorded.len() == PRE_BASELINE.len()
+        && recorded
+            .iter()
+            .zip(PRE_BASELINE.iter().enumerate())
+            .all(|((v, n, _), (i, want))| *v as usize == i + 1 && n == want)
+}
+
+/// What to say of a recorded history this build does not know: what was found and what to
+/// do, in one line. `recorded` is `(version, name)` in version order.
+fn unknown_history(recorded: &[(i32, String)]) -> String {
+    let named = |(v, n): &(i32, String)| format!("{v:04}_{n}");
+    let found = match recorded {
+        [] => "no migrations".to_owned(),
+        [one] => named(one),
+        [first, .., last] => format!(
+            "{} … {} ({} files)",
+            named(first),
+            named(last),
+            recorded.len()
+        ),
+    };
+    let pre_baseline = recorded
+        .iter()
+        .enumerate()
+        .all(|(i, (v, n))| *v as usize == i + 1 && PRE_BASELINE.get(i) == Some(&n.as_str()));
+    if pre_baseline && recorded.len() == PRE_BASELINE.len() {
+        format!(
+            "this database's outbox schema was built by a pre-release outboxd ({found}), the \
+             schema this build's baseline makes: run `outboxd migrate --adopt-baseline` to \
+             record it as the baseline; nothing was changed"
+        )
+    } else if pre_baseline {
+        format!(
+            "this database's outbox schema was built by a pre-release outboxd and stops at {found}; migrate it to {:04}_{} with a build from before the baseline first, then run this build's migrate again to be told how to adopt the baseline; nothing was changed",
+            PRE_BASELINE.len(),
+            PRE_BASELINE[PRE_BASELINE.len() - 1]
+        )
+    } else {
+        format!(
+            "this database records migrations this build does not know ({found}): it was migrated by another build of outboxd; migrate it with that build, or point this one at a database of its own; nothing was changed"
+        )
+    }
+}
 
 /// Why migrating failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
+    /// The database records migrations this build does not know (another build's, or the
+    /// pre-release history before the baseline): nothing is applied, and the message says
+    /// what was found and what to do.
+    #[error("{0}")]
+    UnknownHistory(String),
     /// An applied file changed since.
     #[error(
         "migration {file} was applied with checksum {applied} but the file now has {current}; \
@@ -160,12 +149,25 @@ pub struct MigrateReport {
     pub applied: Vec<String>,
     /// Files that were already applied.
     pub already: usize,
+    /// The pre-release history was recorded as the baseline (`--adopt-baseline`).
+    pub adopted: bool,
 }
 
 /// Applies every pending migration. Safe to run concurrently and repeatedly.
 pub async fn migrate(client: &mut Client) -> Result<MigrateReport, MigrateError> {
+    migrate_with(client, false).await
+}
+
+/// [`migrate`]; with `adopt_baseline`, a database whose recorded history is the whole
+/// pre-release one ([`PRE_BASELINE`], whose schema is the baseline's) is first recorded as
+/// migrated to the baseline, in one transaction. Any other history is refused as
+/// [`migrate`] refuses it.
+pub async fn migrate_with(
+    client: &mut Client,
+    adopt_baseline: bool,
+) -> Result<MigrateReport, MigrateError> {
     client.execute(queries::MIGRATE_LOCK, &[]).await?;
-    let result = migrate_locked(client).await;
+    let result = migrate_locked(client, adopt_baseline).await;
     // Unlock even after a failure; if the connection itself failed, the session (and its
     // lock) is gone anyway.
     let unlocked = client.execute(queries::MIGRATE_UNLOCK, &[]).await;
@@ -174,15 +176,46 @@ pub async fn migrate(client: &mut Client) -> Result<MigrateReport, MigrateError>
     Ok(report)
 }
 
-async fn migrate_locked(client: &mut Client) -> Result<MigrateReport, MigrateError> {
+async fn migrate_locked(
+    client: &mut Client,
+    adopt_baseline: bool,
+) -> Result<MigrateReport, MigrateError> {
     client.batch_execute(queries::MIGRATE_LEDGER).await?;
-    let applied: Vec<(i32, String)> = client
+    let mut recorded: Vec<(i32, String, String)> = client
         .query(queries::MIGRATE_APPLIED, &[])
         .await?
         .iter()
-        .map(|r| (r.get(0), r.get(2)))
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
-    let mut report = MigrateReport::default();
+    let mut adopted = false;
+    if adopt_baseline && is_whole_pre_baseline(&recorded) {
+        let baseline = &MIGRATIONS[0];
+        let checksum = baseline.checksum();
+        let tx = client.transaction().await?;
+        tx.execute(queries::MIGRATE_FORGET, &[]).await?;
+        tx.execute(
+            queries::MIGRATE_RECORD,
+            &[&baseline.version, &baseline.name, &checksum],
+        )
+        .await?;
+        tx.commit().await?;
+        recorded = vec![(baseline.version, baseline.name.to_owned(), checksum)];
+        adopted = true;
+    }
+    // Every recorded file must be one of ours, by number and name: a history this build
+    // does not know is reported, never migrated over.
+    let known = |(v, n, _): &(i32, String, String)| {
+        MIGRATIONS.iter().any(|m| m.version == *v && m.name == n)
+    };
+    if !recorded.iter().all(known) {
+        let history: Vec<(i32, String)> = recorded.into_iter().map(|(v, n, _)| (v, n)).collect();
+        return Err(MigrateError::UnknownHistory(unknown_history(&history)));
+    }
+    let applied: Vec<(i32, String)> = recorded.into_iter().map(|(v, _, c)| (v, c)).collect();
+    let mut report = MigrateReport {
+        adopted,
+        ..MigrateReport::default()
+    };
     for m in MIGRATIONS {
         let current = m.checksum();
         if let Some((_, recorded)) = applied.iter().find(|(v, _)| *v == m.version) {
@@ -209,6 +242,34 @@ async fn migrate_locked(client: &mut Client) -> Result<MigrateReport, MigrateErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_history_is_named_with_what_to_do() {
+        let pre: Vec<(i32, String)> = PRE_BASELINE
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i as i32 + 1, (*n).to_owned()))
+            .collect();
+        let all = unknown_history(&pre);
+        assert!(
+            all.contains("0001_outbox … 0019_replay_row_without_the_old_error (19 files)"),
+            "{all}"
+        );
+        assert!(all.contains("outboxd migrate --adopt-baseline"), "{all}");
+        assert!(all.len() < 500, "one line the CLI prints whole: {all}");
+        assert!(!all.contains('\n'));
+        let part = unknown_history(&pre[..12]);
+        assert!(
+            part.contains("stops at 0001_outbox … 0012_ordering_keys"),
+            "{part}"
+        );
+        assert!(part.contains("from before the baseline"), "{part}");
+        let other = unknown_history(&[(1, "baseline".into()), (2, "from_the_future".into())]);
+        assert!(
+            other.contains("does not know (0001_baseline … 0002_from_the_future (2 files))"),
+            "{other}"
+        );
+    }
 
     #[test]
     fn every_sql_file_is_embedded_in_order() {

@@ -603,6 +603,10 @@ CREATE TABLE IF NOT EXISTS outbox.schema_migrations (
 pub const MIGRATE_APPLIED: &str =
     "SELECT version, name, checksum FROM outbox.schema_migrations ORDER BY version";
 
+/// Migrations: forget the recorded history, inside the transaction that records the
+/// baseline in its place (`outboxd migrate --adopt-baseline`).
+pub const MIGRATE_FORGET: &str = "DELETE FROM outbox.schema_migrations";
+
 /// Migrations: record one applied file (`$1` version, `$2` name, `$3` checksum).
 pub const MIGRATE_RECORD: &str =
     "INSERT INTO outbox.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)";

@@ -28,7 +28,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Apply the schema migrations (idempotent; safe to run concurrently).
-    Migrate,
+    Migrate(MigrateArgs),
     /// Run the delivery daemon.
     #[command(after_help = environment_help(Scope::Run))]
     Run(RunArgs),
@@ -212,6 +212,16 @@ fn environment_help(scope: Scope) -> String {
     }
     text.truncate(text.trim_end().len());
     text
+}
+
+/// `outboxd migrate`.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// Record a database built by a pre-release outboxd (migrations 0001_outbox through
+    /// 0019, the baseline's schema) as migrated to the baseline; refused for any other
+    /// history.
+    #[arg(long)]
+    pub adopt_baseline: bool,
 }
 
 /// `outboxd destinations`.

@@ -43,7 +43,7 @@ mod run;
 
 pub use args::{
     CancelArgs, Cli, Command, ConsoleArgs, DeadArgs, DeadFilterArgs, DestinationsArgs, EnqueueArgs,
-    HeldArgs, PurgeArgs, ReplayArgs, RunArgs, ShowArgs, StatusArgs, TargetsArgs,
+    HeldArgs, MigrateArgs, PurgeArgs, ReplayArgs, RunArgs, ShowArgs, StatusArgs, TargetsArgs,
 };
 pub use run::worker_settings;
 
@@ -188,7 +188,7 @@ pub(super) fn db_failed(context: &str, e: &tokio_postgres::Error) -> CliError {
 /// Runs a parsed command.
 pub async fn dispatch(cli: Cli, env: Env) -> Result<(), CliError> {
     match cli.command {
-        Command::Migrate => ops::migrate(&env).await,
+        Command::Migrate(args) => ops::migrate(args, &env).await,
         Command::Run(args) => run::run(args, &env).await,
         Command::Enqueue(args) => enqueue::enqueue(args, &env).await,
         Command::Status(args) => ops::status(args, &env).await,

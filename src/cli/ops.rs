@@ -2,8 +2,8 @@
 //! `cancel`, `confirm`, `purge`.
 
 use super::{
-    CliError, DeadArgs, DestinationsArgs, Env, HeldArgs, PurgeArgs, ReplayArgs, ShowArgs,
-    StatusArgs, connect, db_failed, esc, json_out, print_table, runtime,
+    CliError, DeadArgs, DestinationsArgs, Env, HeldArgs, MigrateArgs, PurgeArgs, ReplayArgs,
+    ShowArgs, StatusArgs, connect, db_failed, esc, json_out, print_table, runtime,
 };
 use crate::model::ConfigError;
 use crate::ops::{
@@ -19,11 +19,18 @@ fn operator() -> Result<String, CliError> {
     Ok(format!("cli:{}", user.unwrap_or_else(|| "operator".into())))
 }
 
-pub(super) async fn migrate(env: &Env) -> Result<(), CliError> {
+pub(super) async fn migrate(args: MigrateArgs, env: &Env) -> Result<(), CliError> {
     let mut client = super::connect_unchecked(env).await?;
-    let report = crate::migrate::migrate(&mut client)
+    let report = crate::migrate::migrate_with(&mut client, args.adopt_baseline)
         .await
-        .map_err(|e| CliError::Runtime(e.into()))?;
+        .map_err(|e| match e {
+            // Not a failure of the database: a history to sort out first (exit 2).
+            crate::migrate::MigrateError::UnknownHistory(m) => CliError::Usage(ConfigError(m)),
+            e => CliError::Runtime(e.into()),
+        })?;
+    if report.adopted {
+        out!("recorded the pre-release history as the baseline (nothing else changed)");
+    }
     for f in &report.applied {
         out!("applied {f}");
     }

@@ -1480,7 +1480,7 @@ async fn migrate_applies_once_and_records_the_checksum() {
 
     let report = migrate(&mut c).await.unwrap();
     assert_eq!(report.applied, all_files());
-    assert!(report.applied.contains(&"0001_outbox.sql".to_owned()));
+    assert!(report.applied.contains(&"0001_baseline.sql".to_owned()));
     assert_eq!(report.already, 0);
     assert_eq!(ledger(&c).await, expected_ledger());
     // The schema works.
@@ -1529,7 +1529,7 @@ async fn a_changed_checksum_is_refused() {
             applied,
             current,
         }) => {
-            assert_eq!(file, "0001_outbox.sql");
+            assert_eq!(file, "0001_baseline.sql");
             assert_eq!(applied, "x");
             assert_eq!(current, expected_ledger()[0].2);
         }

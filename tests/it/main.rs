@@ -21,6 +21,7 @@ mod enqueue;
 mod failover;
 mod hostile_sql;
 mod leases;
+mod migrations;
 mod ops;
 mod ordering;
 mod pg_tls;
@@ -30,7 +31,7 @@ mod properties;
 mod reconcile;
 mod reliability;
 mod results;
-mod schema;
+
 mod secrets;
 mod signing_keys;
 mod smoke;

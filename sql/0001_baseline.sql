@@ -1,39 +1,159 @@
--- outboxd: the live schema after every migration of sql/ (0001 … 0018), in one file.
--- Documentation, not a migration: outboxd migrate never reads it (src/migrate.rs embeds
--- only the numbered files). tests/schema.rs loads it into an empty database and compares
--- the catalog with a migrated one; after a new migration, regenerate it with
---   pg_dump --schema-only --schema=outbox --no-owner --no-privileges (psql \ lines removed).
-
+-- outboxd: the baseline schema, everything in the schema `outbox`.
 --
--- PostgreSQL database dump
+-- Applied by `outboxd migrate` in one transaction and recorded in outbox.schema_migrations;
+-- usable with psql (`psql -1 -f`) or any migration tool. This file is the live schema: read
+-- it to learn what the database holds. Until the first release tag the schema may be
+-- squashed here again; from that tag on, this file never changes and every change is a
+-- new numbered file (tests/it/tidy.rs holds released files to the tag).
 --
-
-
--- Dumped from database version 15.20 (Debian 15.20-0+deb12u1)
--- Dumped by pg_dump version 15.20 (Debian 15.20-0+deb12u1)
-
-SET statement_timeout = 0;
-SET lock_timeout = 0;
-SET idle_in_transaction_session_timeout = 0;
-SET client_encoding = 'UTF8';
-SET standard_conforming_strings = on;
-SELECT pg_catalog.set_config('search_path', '', false);
+-- Roles and grants are a site's choice: sql/grants.sql, run once after migrating.
+--
+-- Function bodies are checked when they are first called, not here: the functions are
+-- created after the tables, in name order, and some call others defined after them.
 SET check_function_bodies = false;
-SET xmloption = content;
-SET client_min_messages = warning;
-SET row_security = off;
 
---
--- Name: outbox; Type: SCHEMA; Schema: -; Owner: -
---
+CREATE SCHEMA IF NOT EXISTS outbox;
 
-CREATE SCHEMA outbox;
+-- outboxd's own ledger of applied migrations (`outboxd migrate` creates it first, the same).
+CREATE TABLE IF NOT EXISTS outbox.schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
 
+-- ======================================================================================
+-- Tables: messages (one row per intended side effect), attempts (its history),
+-- destinations (circuit breakers shared by every worker)
+-- ======================================================================================
 
---
--- Name: approve(bigint[], text); Type: FUNCTION; Schema: outbox; Owner: -
---
+CREATE TABLE outbox.attempts (
+    id bigint NOT NULL,
+    message_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    worker text,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone,
+    outcome text NOT NULL,
+    error_class text,
+    error text,
+    status integer,
+    deduplicated boolean DEFAULT false NOT NULL,
+    CONSTRAINT attempts_error_class_check CHECK ((error_class = ANY (ARRAY['transient'::text, 'ambiguous'::text, 'permanent'::text, 'invalid'::text, 'exhausted'::text]))),
+    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'retry'::text, 'dead'::text, 'lease_lost'::text, 'released'::text, 'replayed'::text, 'approved'::text, 'cancelled'::text, 'confirmed'::text, 'reconciled'::text])))
+)
+WITH (autovacuum_vacuum_insert_scale_factor='0.05');
 
+ALTER TABLE outbox.attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME outbox.attempts_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE outbox.destinations (
+    host text NOT NULL,
+    state text NOT NULL,
+    consecutive_failures integer DEFAULT 0 NOT NULL,
+    open_until timestamp with time zone,
+    cooldown_seconds double precision,
+    probe_until timestamp with time zone,
+    deferred_until timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT destinations_host_check CHECK (((length(host) >= 1) AND (length(host) <= 1000))),
+    CONSTRAINT destinations_state_check CHECK ((state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text])))
+);
+
+CREATE TABLE outbox.messages (
+    id bigint NOT NULL,
+    message_key text NOT NULL COLLATE pg_catalog."C",
+    channel text NOT NULL,
+    payload jsonb NOT NULL,
+    request_hash bytea NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    retry_ambiguous boolean DEFAULT true NOT NULL,
+    run_after timestamp with time zone DEFAULT now() NOT NULL,
+    lease_owner text,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    error_class text,
+    last_error text,
+    response jsonb,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    delivered_at timestamp with time zone,
+    dead_at timestamp with time zone,
+    cancelled_at timestamp with time zone,
+    ordering_key text,
+    CONSTRAINT messages_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT messages_cancelled_at_iff_cancelled CHECK (((state = 'cancelled'::text) = (cancelled_at IS NOT NULL))),
+    CONSTRAINT messages_channel_check CHECK ((channel = ANY (ARRAY['webhook'::text, 'email'::text]))),
+    CONSTRAINT messages_dead_at_iff_dead CHECK (((state = 'dead'::text) = (dead_at IS NOT NULL))),
+    CONSTRAINT messages_dead_has_class CHECK (((state <> 'dead'::text) OR (error_class IS NOT NULL))),
+    CONSTRAINT messages_delivered_at_iff_delivered CHECK (((state = 'delivered'::text) = (delivered_at IS NOT NULL))),
+    CONSTRAINT messages_error_class_check CHECK ((error_class = ANY (ARRAY['transient'::text, 'ambiguous'::text, 'permanent'::text, 'invalid'::text, 'exhausted'::text]))),
+    CONSTRAINT messages_key_length CHECK (((char_length(message_key) >= 1) AND (char_length(message_key) <= 255))),
+    CONSTRAINT messages_lease_iff_running CHECK ((((state = 'running'::text) = (lease_owner IS NOT NULL)) AND ((lease_owner IS NULL) = (lease_token IS NULL)) AND ((lease_owner IS NULL) = (lease_expires_at IS NULL)))),
+    CONSTRAINT messages_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT messages_ordering_key_length CHECK (((char_length(ordering_key) >= 1) AND (char_length(ordering_key) <= 255))),
+    CONSTRAINT messages_payload_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
+    CONSTRAINT messages_request_hash_len CHECK ((octet_length(request_hash) = 32)),
+    CONSTRAINT messages_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'held'::text, 'running'::text, 'delivered'::text, 'dead'::text, 'cancelled'::text])))
+)
+WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_insert_scale_factor='0.05');
+
+ALTER TABLE outbox.messages ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME outbox.messages_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+ALTER TABLE ONLY outbox.attempts
+    ADD CONSTRAINT attempts_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY outbox.destinations
+    ADD CONSTRAINT destinations_pkey PRIMARY KEY (host);
+
+ALTER TABLE ONLY outbox.messages
+    ADD CONSTRAINT messages_message_key_key UNIQUE (message_key);
+
+ALTER TABLE ONLY outbox.messages
+    ADD CONSTRAINT messages_pkey PRIMARY KEY (id);
+
+-- ======================================================================================
+-- Indexes: one partial index per state a worker or an operator scans
+-- ======================================================================================
+
+CREATE INDEX attempts_message_idx ON outbox.attempts USING btree (message_id, id);
+
+CREATE INDEX messages_cancelled_idx ON outbox.messages USING btree (cancelled_at) WHERE (state = 'cancelled'::text);
+
+CREATE INDEX messages_dead_idx ON outbox.messages USING btree (dead_at) WHERE (state = 'dead'::text);
+
+CREATE INDEX messages_delivered_idx ON outbox.messages USING btree (delivered_at) WHERE (state = 'delivered'::text);
+
+CREATE INDEX messages_due_idx ON outbox.messages USING btree (run_after, id) WHERE (state = 'pending'::text);
+
+CREATE INDEX messages_held_idx ON outbox.messages USING btree (created_at, id) WHERE (state = 'held'::text);
+
+CREATE INDEX messages_lease_idx ON outbox.messages USING btree (lease_expires_at) WHERE (state = 'running'::text);
+
+CREATE INDEX messages_ordering_idx ON outbox.messages USING btree (ordering_key, id) WHERE ((ordering_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'held'::text, 'dead'::text])));
+
+-- ======================================================================================
+-- Functions: enqueue and its validation, the operator actions, lookups, purge
+-- ======================================================================================
+
+-- Approve held messages: held → pending, due at its run_after (at once if that has passed),
+-- an `approved` history row. All or nothing, as outbox.replay. Wakes idle workers at commit.
+--   SELECT * FROM outbox.approve(ARRAY[17, 18]);
 CREATE FUNCTION outbox.approve(ids bigint[], actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -62,11 +182,14 @@ BEGIN
 END
 $$;
 
-
---
--- Name: cancel(bigint[], text, text); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- Cancel messages: held, pending or dead → cancelled (terminal: never claimed, replayed or
+-- approved again), a `cancelled` history row carrying the reason in `error`. A running row
+-- is refused (its attempt is under way: wait for its outcome, then cancel a retry), and so
+-- is a delivered one (the effect happened). The reason is one line for the history: at most
+-- 500 characters, no control characters (the class refused in message keys, which covers
+-- line breaks and tabs), not empty (leave it NULL instead). Refused, not escaped, so that
+-- what is stored is what the operator typed. The row keeps its error class and last error.
+--   SELECT * FROM outbox.cancel(ARRAY[17], 'customer withdrew the order');
 CREATE FUNCTION outbox.cancel(ids bigint[], reason text DEFAULT NULL::text, actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -116,11 +239,12 @@ BEGIN
 END
 $$;
 
-
---
--- Name: confirm(bigint[], text); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- Confirm dead messages whose outcome was ambiguous, after a person checked with the provider
+-- that the effect happened: dead (class ambiguous) → delivered, `response.confirmed = true`
+-- (merged into the stored response), delivered_at now; class and error are cleared from the
+-- row and kept in the `confirmed` history row (as replay keeps them). Any other row is
+-- refused: a dead row of another class failed provably, and a live one is still trying.
+--   SELECT * FROM outbox.confirm(ARRAY[17]);
 CREATE FUNCTION outbox.confirm(ids bigint[], actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -162,11 +286,6 @@ BEGIN
     RETURNING m.id, m.message_key;
 END
 $$;
-
-
---
--- Name: destination_of(text, jsonb); Type: FUNCTION; Schema: outbox; Owner: -
---
 
 CREATE FUNCTION outbox.destination_of(channel text, payload jsonb) RETURNS text
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -218,11 +337,10 @@ BEGIN
 END
 $_$;
 
-
---
--- Name: enqueue(text, text, jsonb, timestamp with time zone, integer, boolean, boolean, text); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- The contract's enqueue: outbox.enqueue_row without the `created` flag.
+--   SELECT outbox.enqueue('order-42:refund', 'webhook', '{"url": "https://…"}', held => true);
+--   SELECT outbox.enqueue('order-42:shipped', 'webhook', '{"url": "https://…"}',
+--                         ordering_key => 'order-42');
 CREATE FUNCTION outbox.enqueue(message_key text, channel text, payload jsonb, run_after timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 3, retry_ambiguous boolean DEFAULT true, held boolean DEFAULT false, ordering_key text DEFAULT NULL::text) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -235,11 +353,9 @@ BEGIN
 END
 $$;
 
-
---
--- Name: enqueue_many(text[], text[], jsonb[], timestamp with time zone[], integer[], boolean[], boolean[], text[]); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- Many messages in one statement, with outbox.enqueue's rules for each; `ordering_key` is an
+-- array like the other optional ones (NULL elements and missing ones are no ordering). The groups' locks are taken first, in one sorted
+-- order, so two batches naming the same groups in different orders do not deadlock.
 CREATE FUNCTION outbox.enqueue_many(message_keys text[], channels text[], payloads jsonb[], run_afters timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[], max_attempts integer[] DEFAULT '{}'::integer[], retry_ambiguous boolean[] DEFAULT '{}'::boolean[], held boolean[] DEFAULT '{}'::boolean[], ordering_key text[] DEFAULT '{}'::text[]) RETURNS TABLE(id bigint, created boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -370,11 +486,8 @@ BEGIN
 END
 $$;
 
-
---
--- Name: enqueue_row(text, text, jsonb, timestamp with time zone, integer, boolean, boolean, text); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- One message: inserts it, or returns the existing row of the same key, channel and payload
+-- (`ordering_key` is checked by the insert trigger, which also waits for the group's turn).
 CREATE FUNCTION outbox.enqueue_row(message_key text, channel text, payload jsonb, run_after timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 3, retry_ambiguous boolean DEFAULT true, held boolean DEFAULT false, ordering_key text DEFAULT NULL::text, OUT id bigint, OUT created boolean) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -427,11 +540,7 @@ BEGIN
 END
 $$;
 
-
---
--- Name: lock_named(bigint[], text); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- The three actions' shared first step: its errors name the actions' parameter, `ids`.
 CREATE FUNCTION outbox.lock_named(message_ids bigint[], verb text) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -459,11 +568,12 @@ BEGIN
 END
 $$;
 
-
---
--- Name: lookup(text); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- What is known of one side effect, by its key: no row for an unknown key. No payload (an
+-- application role may call it, and payloads are not its to read). A key no enqueue could
+-- have stored (NULL, empty, over 255 characters, control characters) raises 22023 naming
+-- `message_key`, as enqueue would: a tool wrapper that built such a key has a bug to see.
+-- SECURITY DEFINER: the caller needs no right on the table.
+--   SELECT * FROM outbox.lookup('run-7:step-3:refund');
 CREATE FUNCTION outbox.lookup(message_key text) RETURNS TABLE(id bigint, state text, attempts integer, max_attempts integer, error_class text, last_error text, response jsonb, created_at timestamp with time zone, updated_at timestamp with time zone, delivered_at timestamp with time zone, dead_at timestamp with time zone, cancelled_at timestamp with time zone)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -493,11 +603,9 @@ BEGIN
 END
 $$;
 
-
---
--- Name: messages_before_insert(); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- Every insert, from outbox.enqueue or a plain INSERT: the fingerprint and the checks (one
+-- expression on the fast path, a named error on the slow one); a row with an ordering key
+-- waits for its group's turn and takes its id after it.
 CREATE FUNCTION outbox.messages_before_insert() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -557,11 +665,6 @@ BEGIN
 END
 $$;
 
-
---
--- Name: messages_delete_history(); Type: FUNCTION; Schema: outbox; Owner: -
---
-
 CREATE FUNCTION outbox.messages_delete_history() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -573,11 +676,9 @@ BEGIN
 END
 $$;
 
-
---
--- Name: messages_notify(); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- Wake idle workers when the inserting transaction commits. Statement level, with a fixed
+-- payload: PostgreSQL folds identical notifications of one transaction into one, so a
+-- transaction that enqueues a thousand rows sends a single wake-up.
 CREATE FUNCTION outbox.messages_notify() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -589,11 +690,6 @@ BEGIN
     RETURN NULL;
 END
 $$;
-
-
---
--- Name: messages_truncate_history(); Type: FUNCTION; Schema: outbox; Owner: -
---
 
 CREATE FUNCTION outbox.messages_truncate_history() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
@@ -608,11 +704,8 @@ BEGIN
 END
 $$;
 
-
---
--- Name: not_in_states(bigint[], text[]); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- The named rows that are not in one of `allowed`, as '17 (''k'', running), 18 (…)', or
+-- NULL when every row is. (Read after outbox.lock_named, so the states are those locked.)
 CREATE FUNCTION outbox.not_in_states(message_ids bigint[], allowed text[]) RETURNS text
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -626,11 +719,13 @@ BEGIN
 END
 $$;
 
-
---
--- Name: on_lease_expiry(boolean, integer, integer); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- An expired lease means the attempt's outcome is unknown: an ambiguous failure. What
+-- follows is decide()'s rule for an ambiguous failure (src/state.rs): retried (the row goes
+-- on) only when the message allows ambiguous retries and the attempt that expired was not the
+-- last of the budget; otherwise dead, class ambiguous. queries::CLAIM asks this function
+-- instead of restating the rule, and tests/leases.rs checks it against decide() over a table
+-- of (retry_ambiguous, attempts, max_attempts). Like every function here, it runs
+-- with a pinned search_path.
 CREATE FUNCTION outbox.on_lease_expiry(retry_ambiguous boolean, attempts integer, max_attempts integer) RETURNS text
     LANGUAGE sql IMMUTABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -638,11 +733,18 @@ CREATE FUNCTION outbox.on_lease_expiry(retry_ambiguous boolean, attempts integer
     SELECT CASE WHEN retry_ambiguous AND attempts < max_attempts THEN 'pending' ELSE 'dead' END
 $$;
 
-
+-- A webhook whose payload names a lookup (`reconcile.url`) settles an ambiguous outcome by
+-- asking the provider, which is safe to repeat: its next attempt sends GET reconcile.url
+-- first and sends the request again only when the provider answers 404 or 410. So for such
+-- a message an ambiguous outcome with budget left goes on to that attempt even when
+-- `retry_ambiguous` is false; decide() says so through Budget.reconcile (src/state.rs).
 --
--- Name: on_lease_expiry(boolean, integer, integer, boolean); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- An expired lease is an ambiguous outcome too, decided in SQL by the claim: this overload of
+-- outbox.on_lease_expiry takes the fourth fact, and outbox.reconcilable is the one
+-- statement of "names a lookup", which the claim also returns to the worker (Claimed.reconcile),
+-- so the SQL path and the Rust path read the payload the same way. tests/it/leases.rs checks
+-- the function against decide() over a table of (retry_ambiguous, reconcile, attempts,
+-- max_attempts). The three-argument function stays for anyone who calls it.
 CREATE FUNCTION outbox.on_lease_expiry(retry_ambiguous boolean, attempts integer, max_attempts integer, reconcile boolean) RETURNS text
     LANGUAGE sql IMMUTABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -651,11 +753,11 @@ CREATE FUNCTION outbox.on_lease_expiry(retry_ambiguous boolean, attempts integer
                 THEN 'pending' ELSE 'dead' END
 $$;
 
-
---
--- Name: ordering_turn(text); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- Wait for the group's turn (the advisory lock, held until this transaction ends), then
+-- draw a message id. SECURITY DEFINER: the insert trigger runs with the inserting role's
+-- rights, which need not include the id sequence (an identity column's own default does not
+-- check them). Open to PUBLIC as outbox.enqueue is: it only draws an id and takes a lock
+-- that lasts as long as the caller's transaction.
 CREATE FUNCTION outbox.ordering_turn(ordering_key text) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -666,11 +768,10 @@ BEGIN
 END
 $$;
 
-
---
--- Name: purge(interval, boolean, integer); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- Deletes finished messages older than `older_than`, in batches: delivered ones by
+-- `delivered_at`, cancelled ones by `cancelled_at` (finished like a delivered one: it will
+-- never be sent, and its row is only the key's dedup record), and with `include_dead` dead
+-- ones by `dead_at`. Their history goes with them.
 CREATE FUNCTION outbox.purge(older_than interval, include_dead boolean DEFAULT false, batch_size integer DEFAULT 1000) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -712,11 +813,9 @@ BEGIN
 END
 $$;
 
-
---
--- Name: reconcilable(text, jsonb); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- Does a message name a reconciliation lookup? A webhook whose payload has a string
+-- `reconcile.url` (enqueue refuses any other shape; a row stored otherwise is read the same way,
+-- and the worker refuses a malformed one as invalid).
 CREATE FUNCTION outbox.reconcilable(channel text, payload jsonb) RETURNS boolean
     LANGUAGE sql IMMUTABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -725,11 +824,15 @@ CREATE FUNCTION outbox.reconcilable(channel text, payload jsonb) RETURNS boolean
        AND jsonb_typeof(payload -> 'reconcile' -> 'url') IS NOT DISTINCT FROM 'string'
 $$;
 
-
+-- Replay dead messages: dead → pending, attempts reset to 0, due now, the same key (so
+-- providers still deduplicate), and a `replayed` row in each history carrying the error
+-- that killed it. All or nothing: an unknown id raises P0002 (no_data_found), a message
+-- that is not dead raises 55000 (object_not_in_prerequisite_state), both naming the
+-- messages, and then nothing is replayed. Wakes idle workers at commit.
 --
--- Name: replay(bigint[], text); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+--   SELECT * FROM outbox.replay(ARRAY[17, 18]);
+--   SELECT * FROM outbox.replay(ARRAY(SELECT id FROM outbox.messages
+--                                     WHERE state = 'dead' AND error_class = 'exhausted'));
 CREATE FUNCTION outbox.replay(message_ids bigint[], actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -794,11 +897,11 @@ BEGIN
 END
 $$;
 
-
---
--- Name: request_hash(text, jsonb); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- The two SQL-language functions become PL/pgSQL. A SQL function with a SET clause is never
+-- inlined, and PostgreSQL (before 18) parses and plans a non-inlined SQL function's body
+-- afresh in every statement that calls it (a single-row `SELECT outbox.enqueue(…)` would pay
+-- that in every transaction); PL/pgSQL keeps the compiled body and its plans for the
+-- session. Same signatures, defaults, results and volatility.
 CREATE FUNCTION outbox.request_hash(channel text, payload jsonb) RETURNS bytea
     LANGUAGE plpgsql STABLE PARALLEL SAFE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -808,11 +911,7 @@ BEGIN
 END
 $$;
 
-
---
--- Name: validate(text, text, jsonb, integer); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- The rules a message must satisfy at the door: 22023 naming the field, nothing inserted.
 CREATE FUNCTION outbox.validate(message_key text, channel text, payload jsonb, max_attempts integer) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -884,11 +983,8 @@ BEGIN
 END
 $$;
 
-
---
--- Name: validate_ordering_key(text); Type: FUNCTION; Schema: outbox; Owner: -
---
-
+-- The ordering key's rules, with the named error (22023, COLUMN = 'ordering_key'); NULL
+-- passes. The control-character class is the message key's (keep the patterns equal).
 CREATE FUNCTION outbox.validate_ordering_key(ordering_key text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -921,11 +1017,30 @@ BEGIN
 END
 $$;
 
-
+-- NOTIFY takes a cluster-wide lock at commit and holds it through the commit's WAL flush
+-- (so that notifications keep commit order): notifying transactions cannot share a flush,
+-- and with it enqueue throughput fell by a quarter. A worker that is busy claims again as
+-- soon as a slot frees and needs no wake-up; only an idle one does. So the workers say when
+-- they are idle, and an enqueueing transaction notifies only then.
 --
--- Name: wake_needed(); Type: FUNCTION; Schema: outbox; Owner: -
+-- Two advisory locks in the class 1869968482 ("outb"):
 --
-
+-- * (1869968482, 2), the idle mark: every idle worker holds it in share mode on its LISTEN
+--   connection (it goes away with the connection if the worker dies).
+-- * (1869968482, 1), the gate: every enqueueing transaction that decides not to notify
+--   holds it in share mode until it ends.
+--
+-- An enqueueing statement first takes the gate (if a worker is waiting for it, it notifies
+-- and is done), then probes the idle mark by taking it exclusively for an instant: if that
+-- works, no worker is idle and it does not notify. A worker becoming idle takes the idle
+-- mark, then waits until it holds the gate exclusively (every transaction that decided not
+-- to notify has then ended, and its rows are visible), and only then claims once more
+-- before it sleeps. Any transaction that probes after the worker took the mark notifies; any
+-- transaction that probed before is seen by that last claim. No wake-up is lost, and a
+-- transaction in doubt (a lock it could not take) notifies.
+--
+-- Other listeners of outbox_messages must hold the idle mark as a worker does:
+--   SELECT pg_advisory_lock_shared(1869968482, 2); LISTEN outbox_messages;
 CREATE FUNCTION outbox.wake_needed() RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -942,262 +1057,36 @@ BEGIN
 END
 $$;
 
-
-SET default_tablespace = '';
-
-SET default_table_access_method = heap;
-
---
--- Name: attempts; Type: TABLE; Schema: outbox; Owner: -
---
-
-CREATE TABLE outbox.attempts (
-    id bigint NOT NULL,
-    message_id bigint NOT NULL,
-    attempt integer NOT NULL,
-    worker text,
-    started_at timestamp with time zone NOT NULL,
-    finished_at timestamp with time zone,
-    outcome text NOT NULL,
-    error_class text,
-    error text,
-    status integer,
-    deduplicated boolean DEFAULT false NOT NULL,
-    CONSTRAINT attempts_error_class_check CHECK ((error_class = ANY (ARRAY['transient'::text, 'ambiguous'::text, 'permanent'::text, 'invalid'::text, 'exhausted'::text]))),
-    CONSTRAINT attempts_outcome_check CHECK ((outcome = ANY (ARRAY['delivered'::text, 'retry'::text, 'dead'::text, 'lease_lost'::text, 'released'::text, 'replayed'::text, 'approved'::text, 'cancelled'::text, 'confirmed'::text, 'reconciled'::text])))
-)
-WITH (autovacuum_vacuum_insert_scale_factor='0.05');
-
-
---
--- Name: attempts_id_seq; Type: SEQUENCE; Schema: outbox; Owner: -
---
-
-ALTER TABLE outbox.attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME outbox.attempts_id_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
-);
-
-
---
--- Name: destinations; Type: TABLE; Schema: outbox; Owner: -
---
-
-CREATE TABLE outbox.destinations (
-    host text NOT NULL,
-    state text NOT NULL,
-    consecutive_failures integer DEFAULT 0 NOT NULL,
-    open_until timestamp with time zone,
-    cooldown_seconds double precision,
-    probe_until timestamp with time zone,
-    deferred_until timestamp with time zone,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT destinations_host_check CHECK (((length(host) >= 1) AND (length(host) <= 1000))),
-    CONSTRAINT destinations_state_check CHECK ((state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text])))
-);
-
-
---
--- Name: messages; Type: TABLE; Schema: outbox; Owner: -
---
-
-CREATE TABLE outbox.messages (
-    id bigint NOT NULL,
-    message_key text NOT NULL COLLATE pg_catalog."C",
-    channel text NOT NULL,
-    payload jsonb NOT NULL,
-    request_hash bytea NOT NULL,
-    state text DEFAULT 'pending'::text NOT NULL,
-    attempts integer DEFAULT 0 NOT NULL,
-    max_attempts integer DEFAULT 3 NOT NULL,
-    retry_ambiguous boolean DEFAULT true NOT NULL,
-    run_after timestamp with time zone DEFAULT now() NOT NULL,
-    lease_owner text,
-    lease_token uuid,
-    lease_expires_at timestamp with time zone,
-    error_class text,
-    last_error text,
-    response jsonb,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    delivered_at timestamp with time zone,
-    dead_at timestamp with time zone,
-    cancelled_at timestamp with time zone,
-    ordering_key text,
-    CONSTRAINT messages_attempts_check CHECK ((attempts >= 0)),
-    CONSTRAINT messages_cancelled_at_iff_cancelled CHECK (((state = 'cancelled'::text) = (cancelled_at IS NOT NULL))),
-    CONSTRAINT messages_channel_check CHECK ((channel = ANY (ARRAY['webhook'::text, 'email'::text]))),
-    CONSTRAINT messages_dead_at_iff_dead CHECK (((state = 'dead'::text) = (dead_at IS NOT NULL))),
-    CONSTRAINT messages_dead_has_class CHECK (((state <> 'dead'::text) OR (error_class IS NOT NULL))),
-    CONSTRAINT messages_delivered_at_iff_delivered CHECK (((state = 'delivered'::text) = (delivered_at IS NOT NULL))),
-    CONSTRAINT messages_error_class_check CHECK ((error_class = ANY (ARRAY['transient'::text, 'ambiguous'::text, 'permanent'::text, 'invalid'::text, 'exhausted'::text]))),
-    CONSTRAINT messages_key_length CHECK (((char_length(message_key) >= 1) AND (char_length(message_key) <= 255))),
-    CONSTRAINT messages_lease_iff_running CHECK ((((state = 'running'::text) = (lease_owner IS NOT NULL)) AND ((lease_owner IS NULL) = (lease_token IS NULL)) AND ((lease_owner IS NULL) = (lease_expires_at IS NULL)))),
-    CONSTRAINT messages_max_attempts_check CHECK ((max_attempts >= 1)),
-    CONSTRAINT messages_ordering_key_length CHECK (((char_length(ordering_key) >= 1) AND (char_length(ordering_key) <= 255))),
-    CONSTRAINT messages_payload_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
-    CONSTRAINT messages_request_hash_len CHECK ((octet_length(request_hash) = 32)),
-    CONSTRAINT messages_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'held'::text, 'running'::text, 'delivered'::text, 'dead'::text, 'cancelled'::text])))
-)
-WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_insert_scale_factor='0.05');
-
-
---
--- Name: messages_id_seq; Type: SEQUENCE; Schema: outbox; Owner: -
---
-
-ALTER TABLE outbox.messages ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME outbox.messages_id_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
-);
-
-
---
--- Name: schema_migrations; Type: TABLE; Schema: outbox; Owner: -
---
-
-CREATE TABLE outbox.schema_migrations (
-    version integer NOT NULL,
-    name text NOT NULL,
-    checksum text NOT NULL,
-    applied_at timestamp with time zone DEFAULT now() NOT NULL
-);
-
-
---
--- Name: attempts attempts_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
---
-
-ALTER TABLE ONLY outbox.attempts
-    ADD CONSTRAINT attempts_pkey PRIMARY KEY (id);
-
-
---
--- Name: destinations destinations_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
---
-
-ALTER TABLE ONLY outbox.destinations
-    ADD CONSTRAINT destinations_pkey PRIMARY KEY (host);
-
-
---
--- Name: messages messages_message_key_key; Type: CONSTRAINT; Schema: outbox; Owner: -
---
-
-ALTER TABLE ONLY outbox.messages
-    ADD CONSTRAINT messages_message_key_key UNIQUE (message_key);
-
-
---
--- Name: messages messages_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
---
-
-ALTER TABLE ONLY outbox.messages
-    ADD CONSTRAINT messages_pkey PRIMARY KEY (id);
-
-
---
--- Name: schema_migrations schema_migrations_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
---
-
-ALTER TABLE ONLY outbox.schema_migrations
-    ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
-
-
---
--- Name: attempts_message_idx; Type: INDEX; Schema: outbox; Owner: -
---
-
-CREATE INDEX attempts_message_idx ON outbox.attempts USING btree (message_id, id);
-
-
---
--- Name: messages_cancelled_idx; Type: INDEX; Schema: outbox; Owner: -
---
-
-CREATE INDEX messages_cancelled_idx ON outbox.messages USING btree (cancelled_at) WHERE (state = 'cancelled'::text);
-
-
---
--- Name: messages_dead_idx; Type: INDEX; Schema: outbox; Owner: -
---
-
-CREATE INDEX messages_dead_idx ON outbox.messages USING btree (dead_at) WHERE (state = 'dead'::text);
-
-
---
--- Name: messages_delivered_idx; Type: INDEX; Schema: outbox; Owner: -
---
-
-CREATE INDEX messages_delivered_idx ON outbox.messages USING btree (delivered_at) WHERE (state = 'delivered'::text);
-
-
---
--- Name: messages_due_idx; Type: INDEX; Schema: outbox; Owner: -
---
-
-CREATE INDEX messages_due_idx ON outbox.messages USING btree (run_after, id) WHERE (state = 'pending'::text);
-
-
---
--- Name: messages_held_idx; Type: INDEX; Schema: outbox; Owner: -
---
-
-CREATE INDEX messages_held_idx ON outbox.messages USING btree (created_at, id) WHERE (state = 'held'::text);
-
-
---
--- Name: messages_lease_idx; Type: INDEX; Schema: outbox; Owner: -
---
-
-CREATE INDEX messages_lease_idx ON outbox.messages USING btree (lease_expires_at) WHERE (state = 'running'::text);
-
-
---
--- Name: messages_ordering_idx; Type: INDEX; Schema: outbox; Owner: -
---
-
-CREATE INDEX messages_ordering_idx ON outbox.messages USING btree (ordering_key, id) WHERE ((ordering_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'running'::text, 'held'::text, 'dead'::text])));
-
-
---
--- Name: messages messages_before_insert; Type: TRIGGER; Schema: outbox; Owner: -
---
+-- ======================================================================================
+-- Triggers: the fingerprint and checks of a plain INSERT, the wake-up, the history's upkeep
+-- ======================================================================================
 
 CREATE TRIGGER messages_before_insert BEFORE INSERT ON outbox.messages FOR EACH ROW EXECUTE FUNCTION outbox.messages_before_insert();
 
-
---
--- Name: messages messages_delete_history; Type: TRIGGER; Schema: outbox; Owner: -
---
-
 CREATE TRIGGER messages_delete_history AFTER DELETE ON outbox.messages REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_delete_history();
-
-
---
--- Name: messages messages_notify; Type: TRIGGER; Schema: outbox; Owner: -
---
 
 CREATE TRIGGER messages_notify AFTER INSERT ON outbox.messages FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_notify();
 
-
---
--- Name: messages messages_truncate_history; Type: TRIGGER; Schema: outbox; Owner: -
---
-
 CREATE TRIGGER messages_truncate_history AFTER TRUNCATE ON outbox.messages FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_truncate_history();
 
+-- ======================================================================================
+-- Privileges: the SECURITY DEFINER functions run only for the roles sql/grants.sql names
+-- ======================================================================================
 
---
--- PostgreSQL database dump complete
---
+REVOKE ALL ON FUNCTION outbox.approve(ids bigint[], actor text) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION outbox.cancel(ids bigint[], reason text, actor text) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION outbox.confirm(ids bigint[], actor text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION outbox.enqueue_many(message_keys text[], channels text[], payloads jsonb[], run_afters timestamp with time zone[], max_attempts integer[], retry_ambiguous boolean[], held boolean[], ordering_key text[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION outbox.enqueue_row(message_key text, channel text, payload jsonb, run_after timestamp with time zone, max_attempts integer, retry_ambiguous boolean, held boolean, ordering_key text, OUT id bigint, OUT created boolean) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION outbox.lock_named(message_ids bigint[], verb text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION outbox.lookup(message_key text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION outbox.not_in_states(message_ids bigint[], allowed text[]) FROM PUBLIC;
+
+RESET check_function_bodies;
