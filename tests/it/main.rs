@@ -15,6 +15,7 @@ mod cli_bad_args;
 mod console;
 mod daemon;
 mod destinations;
+mod docs;
 mod email;
 mod enqueue;
 mod failover;
