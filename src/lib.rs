@@ -87,3 +87,17 @@ pub mod worker;
 pub use enqueue::{EnqueueError, Enqueued, NewMessage, enqueue, enqueue_many};
 pub use lookup::{LookupError, MessageStatus, lookup};
 pub use model::{Channel, ErrorClass, State};
+
+/// The Rust snippets of README.md and `docs/`, compiled by `cargo test --doc`, so that what a
+/// newcomer copies builds (`tests/it/docs.rs` checks that every page with one is here).
+#[cfg(doctest)]
+pub mod doc_snippets {
+    #[doc = include_str!("../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../docs/enqueue.md")]
+    pub struct Enqueue;
+    #[doc = include_str!("../docs/checkpoints-and-reconciliation.md")]
+    pub struct CheckpointsAndReconciliation;
+    #[doc = include_str!("../docs/agents.md")]
+    pub struct Agents;
+}

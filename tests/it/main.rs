@@ -16,6 +16,7 @@ mod console;
 mod daemon;
 mod demo;
 mod destinations;
+mod docs;
 mod email;
 mod enqueue;
 mod failover;
