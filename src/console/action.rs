@@ -201,16 +201,6 @@ pub(crate) async fn post(
             Ok((id, crate::ops::Seen { state, version }))
         })
         .collect::<Result<Vec<_>, Failure>>()?;
-    // Every confirmed row must carry the state it was shown in: a confirmation without it
-    // would act on whatever the row has become.
-    if let Some((id, _)) = chosen
-        .iter()
-        .find(|(id, _)| !seen.iter().any(|(s, _)| s == id))
-    {
-        return Err(bad(&format!(
-            "message {id} has no seen state (ID:STATE:VERSION) in the confirmation"
-        )));
-    }
 
     let targets: Vec<Target> = chosen.iter().map(|(id, _)| Target::Id(*id)).collect();
     let actor = signed.actor();
