@@ -48,7 +48,7 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
 /// baseline, in order. A database migrated through all of them has exactly the baseline's
 /// schema; `outboxd migrate` recognises it and says how to adopt the baseline, rather than
 /// guessing.
-const PRE_BASELINE: [&str; 19] = [
+pub const PRE_BASELINE: [&str; 19] = [
     "outbox",
     "operations",
     "enqueue_many_set_based",

@@ -20,21 +20,28 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn daemon(database_url: &str, args: &[&str], extra_env: &[(&str, &str)]) -> Child {
+/// `outboxd ARGS…` with a clean environment, private networks allowed, info logs, stdout
+/// to /dev/null and stderr to a pipe.
+fn command(database_url: &str, args: &[&str], extra_env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
-    cmd.arg("run")
-        .args(args)
+    cmd.args(args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("DATABASE_URL", database_url)
         .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true")
         .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
-    cmd.spawn().unwrap()
+    cmd
+}
+
+fn daemon(database_url: &str, args: &[&str], extra_env: &[(&str, &str)]) -> Child {
+    let args: Vec<&str> = std::iter::once("run").chain(args.iter().copied()).collect();
+    command(database_url, &args, extra_env).spawn().unwrap()
 }
 
 fn signal(child: &Child, sig: &str) {
@@ -386,20 +393,7 @@ async fn a_database_restart_loses_nothing() {
 /// Starts `outboxd ARGS…` whose stderr is a pipe nobody reads any more: a log shipper
 /// that died (`outboxd run 2>&1 | head -c 1`). Every log line then fails to be written.
 fn with_closed_stderr(database_url: &str, args: &[&str], extra_env: &[(&str, &str)]) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
-    cmd.args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATABASE_URL", database_url)
-        .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true")
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    for (k, v) in extra_env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap();
+    let mut child = command(database_url, args, extra_env).spawn().unwrap();
     drop(child.stderr.take());
     child
 }

@@ -7,29 +7,7 @@ use crate::common;
 use common::TestDb;
 use common::binary::{outboxd, run};
 
-/// The files a pre-release build recorded, in order; a database migrated through all of
-/// them holds exactly the baseline's schema.
-const PRE_BASELINE: [&str; 19] = [
-    "outbox",
-    "operations",
-    "enqueue_many_set_based",
-    "attempts_without_foreign_key",
-    "wakeups_for_idle_workers",
-    "cheaper_enqueue",
-    "enqueue_hardening",
-    "lease_expiry_rule",
-    "human_checkpoints",
-    "reconcile",
-    "purge_cancelled",
-    "ordering_keys",
-    "destinations",
-    "breakers",
-    "enqueue_many_insert_first",
-    "message_key_byte_order",
-    "replay_keeps_the_unknown",
-    "contract_names_and_ordered_dead",
-    "replay_row_without_the_old_error",
-];
+use outboxd::migrate::PRE_BASELINE;
 
 /// The schema as the baseline builds it, recorded as the first `n` pre-release files.
 async fn pre_release_database(n: usize) -> TestDb {
