@@ -638,7 +638,7 @@ async fn enqueue_bench(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let client = connect(&url).await?;
     let payload = o.payload(&o.sink);
 
-    // The same run's yardstick (issue 17): one-row INSERT transactions into a plain table
+    // The same run's yardstick: one-row INSERT transactions into a plain table
     // (a primary key, a unique key, a jsonb column; no trigger), 4 connections, before and
     // after the enqueues so that a drift of the host's load shows.
     client
@@ -703,7 +703,7 @@ async fn enqueue_bench(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         target: "".into(),
     });
 
-    // The bulk yardstick (issue 17): COPY of the same rows, 1000 per COPY, one transaction
+    // The bulk yardstick: COPY of the same rows, 1000 per COPY, one transaction
     // each, into a bare copy of outbox.messages (the same columns, constraints and indexes;
     // no trigger, so no fingerprint is computed: a constant one is sent).
     let total = 100_000usize;
@@ -1505,7 +1505,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------
-// Scale-out: several `outboxd run` processes against one database (issue 16).
+// Scale-out: several `outboxd run` processes against one database.
 // ---------------------------------------------------------------------------------------
 
 /// One configuration of the scale-out section: `procs` daemons, each `--concurrency conc`.

@@ -8,7 +8,7 @@ use outboxd::telemetry::{self, Traces};
 
 /// mimalloc instead of the system allocator: the delivery path allocates per message (the
 /// HTTP client's request and response, the payload, the log event), and glibc's malloc and
-/// free were about a seventh of the daemon's CPU in a profile of a drain (bench/RESULTS.md).
+/// free were about a seventh of the daemon's CPU in a profile of a drain.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -235,8 +235,8 @@ fn init_logging(
     if traces.is_none() {
         // No traces: one global filter, as before traces existed, with the attempt span
         // switched off by target whatever RUST_LOG says. A per-layer filter (below) costs
-        // every event and span a check of its own: about 15 µs of CPU per delivery in the
-        // daemon (`bench/run ab`), which a run without traces should not pay.
+        // every event and span a check of its own: a large share of the daemon's CPU per
+        // delivery in an A/B (`bench/run ab`), which a run without traces should not pay.
         let off = format!("{}=off", telemetry::SPAN_TARGET)
             .parse()
             .map_err(|e| anyhow::anyhow!("the span filter: {e}"))?;
@@ -346,7 +346,7 @@ fn plain(s: &str) -> bool {
 impl tracing::field::Visit for EscapingVisitor<'_> {
     // Numbers, booleans and plain strings are written directly: the same text the
     // `Debug` path below gives them, without a formatter and the escaping writer per
-    // field (the per-attempt line was 17 % of the daemon's instructions, issue 17).
+    // field (the per-attempt line was 17 % of the daemon's instructions).
     fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
         if self.start(field.name()) {
             self.result = write!(self.writer, "{value}");
@@ -416,9 +416,9 @@ impl std::fmt::Write for EscapingWriter<'_, '_> {
 /// The log's timestamps exactly as tracing-subscriber's `SystemTime` writes them
 /// (`2026-12-06T13:45:12.123456Z`, UTC, microseconds), with the part up to the second
 /// formatted once a second per thread: the calendar arithmetic and the six padded numbers
-/// were 3 % of the daemon's instructions in a drain, one per attempt's log line (issue 17,
-/// `bench/RESULTS.md`). A time before 1970 or after 9999, which the cache does not cover,
-/// is written by tracing-subscriber's own.
+/// were 3 % of the daemon's instructions in a drain, one per attempt's log line. A time
+/// before 1970 or after 9999, which the cache does not cover, is written by
+/// tracing-subscriber's own.
 struct SecondCachedTime;
 
 thread_local! {

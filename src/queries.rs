@@ -23,7 +23,7 @@ pub const SESSION_SETUP: &str = "SET jit = off";
 /// planned afresh, on every execution. Their best plan does not depend on their arguments
 /// (index probes of the primary key and of the due index, whatever the batch), so a generic
 /// plan, made once, is right for them; forcing it cut the database's CPU per delivery by
-/// about a tenth (53 → 48 µs in `bench/RESULTS.md`, issue 17; a drain 1.07× as fast).
+/// about a tenth.
 ///
 /// The hazard of a generic plan is the moment it is made: it sees the table as it was
 /// then. Made on an empty table (a new install, a worker started before the first
@@ -79,21 +79,22 @@ pub const HEALTH_CHECK: &str = "SELECT 1";
 /// random lease token, `$5`, made by the worker for this claim; every later write about
 /// this attempt must present that token (see [`COMPLETE`]). The rows of one claim share
 /// it: a write is fenced by the row's id and its token together, and a row claimed again
-/// gets the next claim's token. (`gen_random_uuid()` per row cost the server about a
-/// microsecond each, through OpenSSL and its fork check.)
+/// gets the next claim's token. (`gen_random_uuid()` per row would go through OpenSSL and
+/// its fork check once for every row.)
 ///
 /// A `running` row whose lease expired is not this statement's: [`SETTLE_EXPIRED`] makes
 /// it `pending` again (or `dead`), and a later claim takes it like any due row. Settling in
 /// every claim cost PostgreSQL 6 % of its instructions per delivery even when no lease had
-/// expired, which is nearly always (bench/RESULTS.md, issue 17).
+/// expired, which is nearly always.
 ///
 /// Returns one row per claimed message: `id, message_key, channel, payload (text),
 /// attempts (the number of this attempt), max_attempts, retry_ambiguous, lease_token,
 /// error_class` (the class the previous attempt left, as the row holds it). Whether the
 /// payload names a lookup (the attempt after an ambiguous one asks first) and where it goes
 /// are read from the payload by the worker (`claim::routing`, the rules of
-/// `outbox.reconcilable` and `outbox.destination_of`), not here: each function call cost 5
-/// to 20 µs a row.
+/// `outbox.reconcilable` and `outbox.destination_of`), not here: a SQL function
+/// call per row costs the database far more than the worker's read of the payload it has
+/// fetched anyway.
 ///
 /// Ordering keys (`sql/0012`): a due row with an `ordering_key` is a candidate only when no
 /// earlier (smaller id) row of its group is `pending` (due or not), `running`, `held` or

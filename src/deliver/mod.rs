@@ -259,7 +259,7 @@ impl Ready<'_> {
     /// Each channel's future is boxed: unboxed, the request's state machine (hyper's,
     /// lettre's, the reconciliation lookup's) made the delivery task's future about 10 KB,
     /// and tokio moves a task's future whole when it spawns it, stores it and reads its
-    /// output: 10 % of the daemon's CPU samples were `memmove` of it (issue 17, lever 4).
+    /// output: 10 % of the daemon's CPU samples were `memmove` of it.
     /// One heap allocation per attempt costs far less.
     pub async fn send(self, msg: Outgoing<'_>) -> Attempted {
         match self {

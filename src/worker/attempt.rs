@@ -437,8 +437,8 @@ mod tests {
     }
 
     /// With traces off the attempt's span is disabled, even under `RUST_LOG=trace`: no
-    /// layer wants its target, so it costs a cached check per attempt (issue 17 counts CPU
-    /// per delivery) and the payload is not read for a `traceparent`. With the exporting
+    /// layer wants its target, so it costs one cached check per attempt and the payload is
+    /// not read for a `traceparent`. With the exporting
     /// layer it is enabled, and a payload's `traceparent` becomes its parent.
     #[test]
     fn the_span_is_free_unless_traces_are_on() {

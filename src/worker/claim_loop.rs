@@ -25,8 +25,8 @@ use crate::state::DeferReason;
 /// Most claims in flight at once, over every lane. A claim's statement waits for its
 /// commit to reach the disk before it answers (an attempt is counted before it is sent),
 /// and under a backlog the deliveries used up a batch claimed ahead sooner than the next
-/// claim came back: the two cores sat idle a fifth of a drain while the one claim in flight
-/// waited for its flush (bench/RESULTS.md, 2026-12-06). A second claim, on its own
+/// claim came back: with one claim in flight the two cores sat idle a fifth of a drain
+/// while it waited for its flush. A second claim, on its own
 /// connection, runs while the first waits. More would only queue behind the same disk.
 pub(super) const MAX_CLAIMS: usize = 2;
 
@@ -104,10 +104,10 @@ impl ClaimLoop {
         // (with a backlog, that round trip is what left slots idle). At most two batches
         // ahead for each claim that may be in flight: the places of a claim in flight are
         // kept for it from its start, and with two in flight and two batches in all, each
-        // came back with a fraction of a batch and the cores sat as idle as with one claim
-        // (bench/RESULTS.md, 2026-12-06). Fewer when the slots turn over slowly
-        // ([`pace`]). A row ahead passed the breakers' gate at its claim;
-        // `Breakers::recheck` stops it before its request if its host has opened since.
+        // came back with a fraction of a batch and the cores sat as idle as with one claim.
+        // Fewer when the slots turn over slowly ([`pace`]). A row ahead passed the breakers'
+        // gate at its claim; `Breakers::recheck` stops it before its request if its host has
+        // opened since.
         let most_ahead = 2 * MAX_CLAIMS * cfg.concurrency.min(cfg.batch_size);
         ClaimLoop {
             slots: Arc::new(Semaphore::new(cfg.concurrency)),

@@ -8,7 +8,7 @@
 //! themselves only by covering a claim's round trip, which takes milliseconds. So their
 //! number follows how fast the slots turn over: `concurrency × horizon ÷ slot time` rows,
 //! where the horizon is a few claims' round trips, bounded by two batches per claim in
-//! flight (the most that helped a fast drain, bench/RESULTS.md 2026-12-06). With a
+//! flight (the most that helped a fast drain). With a
 //! receiver that answers in a millisecond that is the bound; with one that takes a second,
 //! a row or two.
 
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The least horizon: rows ahead cover at least this long of the slots' starts, whatever
-/// the claims' round trips (3.7 ms measured under a backlog, bench/RESULTS.md).
+/// the claims' round trips (a few milliseconds under a backlog).
 pub(super) const HORIZON_MIN: Duration = Duration::from_millis(50);
 
 /// The horizon in claims' round trips: a claim started when the rows ahead run low comes

@@ -1,11 +1,10 @@
 //! The lease sweep, beside the claim loop: settles the leases that expired (a worker died
 //! or stalled past its lease) as ambiguous attempts, once per poll interval.
 //!
-//! Why not in every claim, as it once was: nearly always no lease has expired, and asking
-//! in every claim cost PostgreSQL 6 % of its instructions per delivery all the same
-//! (bench/RESULTS.md, issue 17). The price is time: an expired lease is settled up to one
-//! poll interval after it runs out, rather than at the next claim. A lease is tens of
-//! seconds; the poll interval is a second by default.
+//! Why not in every claim: nearly always no lease has expired, and asking in every claim
+//! cost PostgreSQL 6 % of its instructions per delivery all the same. The price is time: an
+//! expired lease is settled up to one poll interval after it runs out, rather than at the
+//! next claim. A lease is tens of seconds; the poll interval is a second by default.
 //!
 //! A sweep that comes back full runs again at once, so a dead worker's thousand rows are
 //! settled in a few statements, not one batch per interval. A settled row that may be sent

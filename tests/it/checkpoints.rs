@@ -1,4 +1,4 @@
-//! Human checkpoints (issue 15): held messages, approve, cancel, confirm, `held`, and the
+//! Human checkpoints: held messages, approve, cancel, confirm, `held`, and the
 //! cancel/claim race; through the real binary, PostgreSQL and the test receiver.
 
 #![allow(clippy::unwrap_used)]

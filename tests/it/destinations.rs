@@ -1,4 +1,4 @@
-//! Rules per destination (issue 18, parts 1 and 3): the name they go by
+//! Rules per destination: the name they go by
 //! (`outbox.destination_of`, `sql/0013`), `--host-concurrency` and rate limits.
 
 #![allow(clippy::unwrap_used)]
@@ -338,7 +338,7 @@ async fn drain_fast(
 const FAST: usize = 300;
 
 /// A receiver that stalls for the whole timeout holds at most `--host-concurrency` slots;
-/// a fast receiver beside it keeps flowing (issue 18, part 1).
+/// a fast receiver beside it keeps flowing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_host_holds_at_most_its_cap_and_the_others_keep_flowing() {
     let fast = Receiver::start().await;
@@ -396,7 +396,7 @@ async fn a_stalled_host_holds_at_most_its_cap_and_the_others_keep_flowing() {
 }
 
 /// `5/s` holds within one over any 3 s, with 50 messages due at once; each message is
-/// counted once and has one history row (issue 18, part 3).
+/// counted once and has one history row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limit_of_five_a_second_holds() {
     let db = TestDb::new().await;

@@ -11,8 +11,6 @@ use std::path::{Path, PathBuf};
 
 use crate::common::TestDb;
 
-/// Files a link may name before they are in this tree: written alongside, on another branch.
-const WRITTEN_ELSEWHERE: &[&str] = &["BENCHMARKS.md"];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -197,12 +195,7 @@ fn every_relative_link_resolves() {
                 };
                 let where_ = format!("{}:{number}: ({target})", rel(page));
                 if !file.exists() {
-                    let elsewhere = WRITTEN_ELSEWHERE
-                        .iter()
-                        .any(|name| root().join(name) == file);
-                    if !elsewhere {
-                        problems.push(format!("{where_}: no such file"));
-                    }
+                    problems.push(format!("{where_}: no such file"));
                     continue;
                 }
                 if let Some(anchor) = anchor {

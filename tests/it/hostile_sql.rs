@@ -54,7 +54,7 @@ impl Drop for Roles {
     }
 }
 
-/// The attacker of issue 13: a login granted only the application group role, set up by
+/// The attacker: a login granted only the application group role, set up by
 /// sql/grants.sql (with unique group names), owning a schema `shop`. Returns its connection
 /// settings.
 async fn attacker(db: &TestDb) -> (Roles, tokio_postgres::Config) {

@@ -1,4 +1,4 @@
-//! Ordering keys (issue 18, part 4): messages sharing an `ordering_key` are sent one at a
+//! Ordering keys: messages sharing an `ordering_key` are sent one at a
 //! time, in id order; a retrying or dead message blocks its group; messages without a key
 //! flow past. Checked at the claim (SQL), with the in-process worker, and with the real
 //! binary: four processes at once, and a worker killed mid-group.

@@ -2,7 +2,7 @@
 //!
 //! Parsing a URL (WHATWG rules, with IDNA mapping of the host) was about 6 000 instructions
 //! of the roughly 110 000 the daemon spent per delivery besides memory moves (callgrind of a
-//! 20 000-webhook drain, issue 17, lever 4), and most messages go to a few URLs. A parsed
+//! 20 000-webhook drain), and most messages go to a few URLs. A parsed
 //! [`url::Url`] is a pure function of its string, so handing out a copy of an earlier parse
 //! changes nothing the payload rules check: `payload::parse_url` still checks the scheme
 //! and the host of every copy.

@@ -6,8 +6,8 @@
 //! (`MODE=hyper`), or through hyper's HTTP/1 connections with no pool at all (`MODE=conn`:
 //! each of the CONCURRENCY tasks opens one connection and sends all its requests on it, the
 //! floor under any pool). Prints the rate and this process's CPU (user + system) per
-//! request: what lever 4's options ("hyper's client directly", then a pool of our own)
-//! could take off the daemon. Plain HTTP to the nginx sink; connections kept alive.
+//! request: what "hyper's client directly", then a pool of our own, could take off the
+//! daemon. Plain HTTP to the nginx sink; connections kept alive.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
