@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 
 use crate::common::TestDb;
 
-
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
