@@ -91,7 +91,7 @@ pub const HEALTH_CHECK: &str = "SELECT 1";
 /// attempts (the number of this attempt), max_attempts, retry_ambiguous, lease_token,
 /// error_class` (the class the previous attempt left, as the row holds it). Whether the
 /// payload names a lookup (the attempt after an ambiguous one asks first) and where it goes
-/// are read from the payload by the worker (`claim::routing`, the rules of
+/// are read from the payload by the worker (`webhook::destination::routing`, the rules of
 /// `outbox.reconcilable` and `outbox.destination_of`), not here: each function call cost 5
 /// to 20 µs a row.
 ///
