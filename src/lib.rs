@@ -44,8 +44,10 @@
 //!   included.
 //! * [`support`]: one copy of each small shared helper (mutex lock, host name, error causes).
 //! * [`db`]: connections and the pool.
-//! * [`log_sink`]: where log lines go: stderr through a bounded queue, so a broken or full
-//!   stderr drops (and counts) lines instead of panicking or blocking the worker.
+//! * [`logging`]: the log subscriber the binary sets up, the text format (fields escaped,
+//!   timestamps cached per second) and where lines go ([`logging::sink`]: stderr through a
+//!   bounded queue, so a broken or full stderr drops (and counts) lines instead of panicking
+//!   or blocking the worker).
 //! * [`telemetry`]: traces, a span per attempt over OTLP/HTTP, off unless an endpoint is set.
 //! * [`text`]: stored text made safe to print (control characters as visible escapes).
 
@@ -61,7 +63,7 @@ pub mod db;
 pub mod deliver;
 pub mod enqueue;
 #[doc(hidden)]
-pub mod log_sink;
+pub mod logging;
 pub mod lookup;
 #[doc(hidden)]
 pub mod metrics;

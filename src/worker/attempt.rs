@@ -424,7 +424,7 @@ mod tests {
         }
     }
 
-    /// The log layer as src/main.rs filters it, at its most verbose.
+    /// The log layer as `logging::init_logging` filters it, at its most verbose.
     fn logs<S>() -> impl tracing_subscriber::Layer<S>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
