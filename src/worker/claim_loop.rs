@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
+use super::MAX_CLAIMS;
 use super::Shared;
 use super::attempt::{Done, spawn_attempt};
 use super::breakers::Gate;
@@ -21,14 +22,6 @@ use super::lane::Lane;
 use super::pace;
 use crate::claim;
 use crate::state::DeferReason;
-
-/// Most claims in flight at once, over every lane. A claim's statement waits for its
-/// commit to reach the disk before it answers (an attempt is counted before it is sent),
-/// and under a backlog the deliveries used up a batch claimed ahead sooner than the next
-/// claim came back: the two cores sat idle a fifth of a drain while the one claim in flight
-/// waited for its flush (bench/RESULTS.md, 2026-12-06). A second claim, on its own
-/// connection, runs while the first waits. More would only queue behind the same disk.
-pub(super) const MAX_CLAIMS: usize = 2;
 
 /// How long a stop waits for the claims in flight (a healthy one answers in milliseconds).
 const CLAIMS_AT_SHUTDOWN: Duration = Duration::from_secs(2);
