@@ -20,9 +20,11 @@
 //! * [`migrate`]: the SQL files in `sql/`, embedded, applied in order under an advisory lock.
 //! * [`mod@enqueue`]: the library face applications call inside their own transaction.
 //! * [`mod@lookup`]: what became of a key (`outbox.lookup`), for the application role.
-//! * [`queries`]: every runtime SQL statement, each with its contract.
+//! * [`queries`]: every runtime SQL statement, each with its contract, one room per user
+//!   (connection, lease, enqueue, migrate, status, ops, breakers).
 //! * [`claim`]: the lease: claiming due rows, completing attempts fenced by the lease token,
-//!   releasing unstarted rows.
+//!   releasing unstarted rows. A claimed webhook is routed by its channel
+//!   ([`deliver::webhook::destination`]).
 //! * [`state`]: the state machine: states, outcomes and the one function ([`state::decide`])
 //!   that maps an attempt's result to the next state.
 //! * [`retry`]: error classes and the retry schedule.
@@ -32,8 +34,8 @@
 //!   MIME, the SMTP session by phase, reply classification, the connection pool).
 //! * [`worker`]: the loop: claim, deliver with bounded concurrency, complete in batches.
 //! * [`status`]: counts for operators.
-//! * [`ops`]: operator actions: dead letters, held messages, show, replay, approve, cancel,
-//!   confirm, purge.
+//! * [`ops`]: operator actions, a room each: dead letters, held messages, show, replay, the
+//!   checkpoints (approve, cancel, confirm) and the seen-state check, purge, destinations.
 //! * [`cli`]: the command line, one room per command (`args`, `run`, `enqueue`, `ops`); the
 //!   binary is a thin `main` around [`cli::dispatch`].
 //! * [`console`]: `outboxd console`, the operator console in the browser (server-rendered
