@@ -63,7 +63,7 @@ fn plain(s: &str) -> bool {
 impl tracing::field::Visit for EscapingVisitor<'_> {
     // Numbers, booleans and plain strings are written directly: the same text the
     // `Debug` path below gives them, without a formatter and the escaping writer per
-    // field (the per-attempt line was 17 % of the daemon's instructions, issue 17).
+    // field (the per-attempt line was 17 % of the daemon's instructions).
     fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
         if self.start(field.name()) {
             self.result = write!(self.writer, "{value}");
@@ -133,8 +133,8 @@ impl std::fmt::Write for EscapingWriter<'_, '_> {
 /// The log's timestamps exactly as tracing-subscriber's `SystemTime` writes them
 /// (`2026-12-06T13:45:12.123456Z`, UTC, microseconds), with the part up to the second
 /// formatted once a second per thread: the calendar arithmetic and the six padded numbers
-/// were 3 % of the daemon's instructions in a drain, one per attempt's log line (issue 17,
-/// `bench/RESULTS.md`). A time before 1970 or after 9999, which the cache does not cover,
+/// were 3 % of the daemon's instructions in a drain, one per attempt's log line
+/// (`bench/RESULTS.md`). A time before 1970 or after 9999, which the cache does not cover,
 /// is written by tracing-subscriber's own.
 pub(super) struct SecondCachedTime;
 

@@ -19,7 +19,7 @@ pub const SESSION_SETUP: &str = "SET jit = off";
 /// planned afresh, on every execution. Their best plan does not depend on their arguments
 /// (index probes of the primary key and of the due index, whatever the batch), so a generic
 /// plan, made once, is right for them; forcing it cut the database's CPU per delivery by
-/// about a tenth (53 → 48 µs in `bench/RESULTS.md`, issue 17; a drain 1.07× as fast).
+/// about a tenth (53 → 48 µs in `bench/RESULTS.md`; a drain 1.07× as fast).
 ///
 /// The hazard of a generic plan is the moment it is made: it sees the table as it was
 /// then. Made on an empty table (a new install, a worker started before the first

@@ -16,7 +16,7 @@
 /// A `running` row whose lease expired is not this statement's: [`SETTLE_EXPIRED`] makes
 /// it `pending` again (or `dead`), and a later claim takes it like any due row. Settling in
 /// every claim cost PostgreSQL 6 % of its instructions per delivery even when no lease had
-/// expired, which is nearly always (bench/RESULTS.md, issue 17).
+/// expired, which is nearly always (bench/RESULTS.md).
 ///
 /// Returns one row per claimed message: `id, message_key, channel, payload (text),
 /// attempts (the number of this attempt), max_attempts, retry_ambiguous, lease_token,
