@@ -20,9 +20,11 @@
 //! * [`migrate`]: the SQL files in `sql/`, embedded, applied in order under an advisory lock.
 //! * [`mod@enqueue`]: the library face applications call inside their own transaction.
 //! * [`mod@lookup`]: what became of a key (`outbox.lookup`), for the application role.
-//! * [`queries`]: every runtime SQL statement, each with its contract.
+//! * [`queries`]: every runtime SQL statement, each with its contract, one room per user
+//!   (connection, lease, enqueue, migrate, status, ops, breakers).
 //! * [`claim`]: the lease: claiming due rows, completing attempts fenced by the lease token,
-//!   releasing unstarted rows.
+//!   releasing unstarted rows. A claimed webhook is routed by its channel
+//!   ([`deliver::webhook::destination`]).
 //! * [`state`]: the state machine: states, outcomes and the one function ([`state::decide`])
 //!   that maps an attempt's result to the next state.
 //! * [`retry`]: error classes and the retry schedule.
@@ -32,8 +34,8 @@
 //!   MIME, the SMTP session by phase, reply classification, the connection pool).
 //! * [`worker`]: the loop: claim, deliver with bounded concurrency, complete in batches.
 //! * [`status`]: counts for operators.
-//! * [`ops`]: operator actions: dead letters, held messages, show, replay, approve, cancel,
-//!   confirm, purge.
+//! * [`ops`]: operator actions, a room each: dead letters, held messages, show, replay, the
+//!   checkpoints (approve, cancel, confirm) and the seen-state check, purge, destinations.
 //! * [`cli`]: the command line, one room per command (`args`, `run`, `enqueue`, `ops`); the
 //!   binary is a thin `main` around [`cli::dispatch`].
 //! * [`console`]: `outboxd console`, the operator console in the browser (server-rendered
@@ -44,8 +46,10 @@
 //!   included.
 //! * [`support`]: one copy of each small shared helper (mutex lock, host name, error causes).
 //! * [`db`]: connections and the pool.
-//! * [`log_sink`]: where log lines go: stderr through a bounded queue, so a broken or full
-//!   stderr drops (and counts) lines instead of panicking or blocking the worker.
+//! * [`logging`]: the log subscriber the binary sets up, the text format (fields escaped,
+//!   timestamps cached per second) and where lines go ([`logging::sink`]: stderr through a
+//!   bounded queue, so a broken or full stderr drops (and counts) lines instead of panicking
+//!   or blocking the worker).
 //! * [`telemetry`]: traces, a span per attempt over OTLP/HTTP, off unless an endpoint is set.
 //! * [`text`]: stored text made safe to print (control characters as visible escapes).
 
@@ -61,7 +65,7 @@ pub mod db;
 pub mod deliver;
 pub mod enqueue;
 #[doc(hidden)]
-pub mod log_sink;
+pub mod logging;
 pub mod lookup;
 #[doc(hidden)]
 pub mod metrics;

@@ -40,7 +40,7 @@ pub const DATABASE_UP: &str = "outboxd_database_up";
 /// Rows returned by each claim.
 pub const CLAIM_BATCH_SIZE: &str = "outboxd_claim_batch_size";
 
-/// Log lines dropped because stderr was closed, full or failing ([`crate::log_sink`]):
+/// Log lines dropped because stderr was closed, full or failing ([`crate::logging::sink`]):
 /// the worker goes on delivering and recording without them.
 pub const LOG_LINES_DROPPED: &str = "outboxd_log_lines_dropped_total";
 
@@ -197,7 +197,7 @@ async fn metrics_route(State(st): State<AppState>) -> impl IntoResponse {
         Err(_) => tracing::warn!("metrics: reading message counts timed out"),
     }
     metrics::gauge!(DATABASE_UP).set(if up { 1.0 } else { 0.0 });
-    metrics::counter!(LOG_LINES_DROPPED).absolute(crate::log_sink::dropped());
+    metrics::counter!(LOG_LINES_DROPPED).absolute(crate::logging::sink::dropped());
     (
         [(
             axum::http::header::CONTENT_TYPE,

@@ -7,18 +7,18 @@
 //! SHA-256 digests with `subtle`, so neither its length nor its bytes show in the timing.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use axum::extract::{ConnectInfo, FromRequestParts, State};
+use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use sha2::Digest as _;
 use subtle::ConstantTimeEq as _;
 
-use super::{Failure, Shared, field, layout, pairs};
+use super::{Failure, Shared, field, pairs};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "outboxd_session";
@@ -53,8 +53,8 @@ const MAX_SESSIONS: usize = 1000;
 
 /// One signed-in operator.
 #[derive(Clone)]
-struct Session {
-    name: String,
+pub(super) struct Session {
+    pub(super) name: String,
     csrf: String,
     expires: Instant,
 }
@@ -62,8 +62,8 @@ struct Session {
 /// The sign-in token, the sessions and the rate limit.
 pub(crate) struct Auth {
     /// SHA-256 of the token; `None`: no token (loopback only), a name is enough.
-    token: Option<[u8; 32]>,
-    ttl: Duration,
+    pub(super) token: Option<[u8; 32]>,
+    pub(super) ttl: Duration,
     secure: bool,
     sessions: Mutex<HashMap<String, Session>>,
     failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
@@ -88,7 +88,7 @@ impl Auth {
         }
     }
 
-    fn token_ok(&self, given: &str) -> bool {
+    pub(super) fn token_ok(&self, given: &str) -> bool {
         match &self.token {
             None => true,
             Some(want) => bool::from(digest(given).ct_eq(want)),
@@ -97,7 +97,7 @@ impl Auth {
 
     /// Refuses a client network that failed too often lately ([`client_network`]), and
     /// every new one while [`MAX_FAILING_NETWORKS`] have failed within the window.
-    fn check_rate(&self, ip: IpAddr) -> Result<(), Failure> {
+    pub(super) fn check_rate(&self, ip: IpAddr) -> Result<(), Failure> {
         let mut f = crate::support::lock(&self.failures);
         let now = Instant::now();
         f.retain(|_, (since, _)| now.duration_since(*since) < WINDOW);
@@ -112,13 +112,13 @@ impl Auth {
         }
     }
 
-    fn record_failure(&self, ip: IpAddr) {
+    pub(super) fn record_failure(&self, ip: IpAddr) {
         let mut f = crate::support::lock(&self.failures);
         let e = f.entry(client_network(ip)).or_insert((Instant::now(), 0));
         e.1 += 1;
     }
 
-    fn create(&self, name: String) -> (String, Session) {
+    pub(super) fn create(&self, name: String) -> (String, Session) {
         let mut s = crate::support::lock(&self.sessions);
         let now = Instant::now();
         s.retain(|_, v| v.expires > now);
@@ -156,7 +156,7 @@ impl Auth {
         crate::support::lock(&self.sessions).remove(id);
     }
 
-    fn cookie(&self, id: &str, max_age: u64) -> String {
+    pub(super) fn cookie(&self, id: &str, max_age: u64) -> String {
         format!(
             "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{}",
             if self.secure { "; Secure" } else { "" }
@@ -336,52 +336,6 @@ fn same_origin(h: &HeaderMap) -> Result<(), Failure> {
         (Some(from), Some(to)) if from.eq_ignore_ascii_case(to) => Ok(()),
         _ => refused(),
     }
-}
-
-pub(crate) async fn signin_page(State(app): State<Shared>) -> Response {
-    layout::signin(app.auth.token.is_some(), None).into_response()
-}
-
-/// A name as history shows it: `console:<name>`. Letters, digits and `._@-`, 1 to 40.
-fn check_name(name: &str) -> Result<(), Failure> {
-    let ok = (1..=40).contains(&name.chars().count())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '@' | '-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(Failure::BadRequest(
-            "a name is 1 to 40 letters, digits, '.', '_', '@' or '-'".into(),
-        ))
-    }
-}
-
-pub(crate) async fn signin(
-    State(app): State<Shared>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    body: axum::body::Bytes,
-) -> Response {
-    let form = pairs(&body);
-    let ip = peer.ip();
-    if let Err(f) = app.auth.check_rate(ip) {
-        return f.into_response();
-    }
-    let token = field(&form, "token").unwrap_or_default();
-    if !app.auth.token_ok(token) {
-        app.auth.record_failure(ip);
-        tracing::warn!(peer = %ip, "console: sign-in with a wrong token");
-        let page = layout::signin(true, Some("wrong token"));
-        return (axum::http::StatusCode::UNAUTHORIZED, page).into_response();
-    }
-    let name = field(&form, "name").unwrap_or_default();
-    if let Err(f) = check_name(name) {
-        return f.into_response();
-    }
-    let (id, session) = app.auth.create(name.to_owned());
-    tracing::info!(operator = %session.name, "console: signed in");
-    let cookie = app.auth.cookie(&id, app.auth.ttl.as_secs());
-    ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
 }
 
 pub(crate) async fn signout(

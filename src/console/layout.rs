@@ -1,4 +1,4 @@
-//! The frame every page shares, the sign-in page and the error page.
+//! The frame every page shares and the error page.
 //!
 //! Every value is interpolated by maud, which escapes it; nothing here uses `PreEscaped`.
 
@@ -47,33 +47,6 @@ pub(crate) fn page(title: &str, signed: Option<&Signed>, body: Markup) -> Html<S
         }
     };
     Html(markup.into_string())
-}
-
-/// The sign-in form; `token` says whether a token is asked for.
-pub(crate) fn signin(token: bool, problem: Option<&str>) -> Html<String> {
-    page(
-        "Sign in",
-        None,
-        html! {
-            section.signin {
-                @if let Some(p) = problem {
-                    p.error id="problem" { (p) }
-                }
-                form method="post" action="/signin" {
-                    label { "Your name (shown in the history as console:NAME)"
-                        input type="text" name="name" id="name" required maxlength="40"
-                            pattern="[A-Za-z0-9._@-]{1,40}" autocomplete="username";
-                    }
-                    @if token {
-                        label { "Token (OUTBOXD_CONSOLE_TOKEN)"
-                            input type="password" name="token" id="token" required autocomplete="current-password";
-                        }
-                    }
-                    button type="submit" id="signin" { "Sign in" }
-                }
-            }
-        },
-    )
 }
 
 /// The one-line error page.

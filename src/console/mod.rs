@@ -3,9 +3,10 @@
 //! A room of its own, above `ops` and `status` (whose functions it calls, so every action
 //! goes through the same SQL functions as the CLI: `outbox.replay`, `approve`, `cancel`,
 //! `confirm`) and below `cli` (which parses its flags). The pages live beside this file:
-//! `layout` (the frame every page shares, the error page), `auth` (sign-in, sessions,
-//! CSRF, the rate limit), `overview` (counts and the chart), `dead`, `held`, `message`
-//! (one message, and lookup) and `action` (the confirmation step and the change).
+//! `layout` (the frame every page shares, the error page), `auth` (sessions, tokens,
+//! CSRF, the rate limit, the guard), `signin` (the sign-in page and its form), `overview`
+//! (counts and the chart), `dead`, `held`, `message` (one message, and lookup) and
+//! `action` (the confirmation step and the change).
 //!
 //! Security, in one place so that it can be checked in one place:
 //! * no page without a session; sign-in with `OUTBOXD_CONSOLE_TOKEN` (compared in constant
@@ -34,6 +35,7 @@ mod held;
 mod layout;
 mod message;
 mod overview;
+mod signin;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -133,7 +135,7 @@ fn router(app: Shared) -> axum::Router {
         .route("/message/{id}", get(message::page))
         .route("/lookup", get(message::lookup))
         .route("/action", post(action::post))
-        .route("/signin", get(auth::signin_page).post(auth::signin))
+        .route("/signin", get(signin::signin_page).post(signin::signin))
         .route("/signout", post(auth::signout))
         .route("/style.css", get(stylesheet))
         .fallback(not_found)

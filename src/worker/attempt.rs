@@ -154,7 +154,7 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at
         && msg.reconcile
         && msg.previous_class == Some(ErrorClass::Ambiguous);
     let lookup_destination = looks_up
-        .then(|| crate::claim::reconcile_destination(&msg.payload))
+        .then(|| crate::deliver::webhook::destination::reconcile_destination(&msg.payload))
         .flatten();
     let first = if looks_up {
         lookup_destination.as_deref()
@@ -376,7 +376,8 @@ fn speaks_for_destination(msg: &Claimed, attempted: &crate::deliver::Attempted) 
     match &attempted.lookup {
         Some(l) if !matches!(l.verdict, Verdict::NotHappened | Verdict::Refused) => {
             msg.destination.is_some()
-                && crate::claim::reconcile_destination(&msg.payload) == msg.destination
+                && crate::deliver::webhook::destination::reconcile_destination(&msg.payload)
+                    == msg.destination
         }
         // Held back after a 404, a lookup the guard refused, or nothing made at all.
         Some(_) | None => false,
@@ -423,7 +424,7 @@ mod tests {
         }
     }
 
-    /// The log layer as src/main.rs filters it, at its most verbose.
+    /// The log layer as `logging::init_logging` filters it, at its most verbose.
     fn logs<S>() -> impl tracing_subscriber::Layer<S>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,

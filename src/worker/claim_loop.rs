@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
+use super::MAX_CLAIMS;
 use super::Shared;
 use super::attempt::{Done, spawn_attempt};
 use super::breakers::Gate;
@@ -21,14 +22,6 @@ use super::lane::Lane;
 use super::pace;
 use crate::claim;
 use crate::state::DeferReason;
-
-/// Most claims in flight at once, over every lane. A claim's statement waits for its
-/// commit to reach the disk before it answers (an attempt is counted before it is sent),
-/// and under a backlog the deliveries used up a batch claimed ahead sooner than the next
-/// claim came back: with one claim in flight the two cores sat idle a fifth of a drain
-/// while it waited for its flush. A second claim, on its own
-/// connection, runs while the first waits. More would only queue behind the same disk.
-pub(super) const MAX_CLAIMS: usize = 2;
 
 /// How long a stop waits for the claims in flight (a healthy one answers in milliseconds).
 const CLAIMS_AT_SHUTDOWN: Duration = Duration::from_secs(2);
@@ -105,9 +98,9 @@ impl ClaimLoop {
         // ahead for each claim that may be in flight: the places of a claim in flight are
         // kept for it from its start, and with two in flight and two batches in all, each
         // came back with a fraction of a batch and the cores sat as idle as with one claim.
-        // Fewer when the slots turn over slowly ([`pace`]). A row ahead passed the breakers'
-        // gate at its claim; `Breakers::recheck` stops it before its request if its host has
-        // opened since.
+        // Fewer when the slots turn over slowly
+        // ([`pace`]). A row ahead passed the breakers' gate at its claim;
+        // `Breakers::recheck` stops it before its request if its host has opened since.
         let most_ahead = 2 * MAX_CLAIMS * cfg.concurrency.min(cfg.batch_size);
         ClaimLoop {
             slots: Arc::new(Semaphore::new(cfg.concurrency)),

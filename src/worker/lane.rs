@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::claim_loop::MAX_CLAIMS;
+use super::MAX_CLAIMS;
 use crate::config::WorkerConfig;
 use crate::deliver::Deliverers;
 use crate::model::Channel;

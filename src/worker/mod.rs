@@ -131,6 +131,14 @@ const SWEEP_AT_STOP: Duration = Duration::from_secs(2);
 /// How long after a deferred message's due time the claim loop looks for it.
 const ALARM_MARGIN: Duration = Duration::from_millis(5);
 
+/// Most claims in flight at once, over every lane. A claim's statement waits for its
+/// commit to reach the disk before it answers (an attempt is counted before it is sent),
+/// and under a backlog the deliveries used up a batch claimed ahead sooner than the next
+/// claim came back: the two cores sat idle a fifth of a drain while the one claim in flight
+/// waited for its flush. A second claim, on its own
+/// connection, runs while the first waits. More would only queue behind the same disk.
+const MAX_CLAIMS: usize = 2;
+
 impl Shared {
     /// Wakes the idle claim loop at `at`.
     fn alarm(&self, at: Instant) {

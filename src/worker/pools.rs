@@ -37,10 +37,10 @@ pub struct Pools {
 impl Pools {
     /// The two pools on `db`: `general` connections for the general pool, and for the hot
     /// one a connection per claim that may be in flight
-    /// ([`MAX_CLAIMS`](super::claim_loop::MAX_CLAIMS)) and one for the completer, which
+    /// ([`MAX_CLAIMS`](super::MAX_CLAIMS)) and one for the completer, which
     /// runs one statement at a time.
     pub fn new(db: &Database, general: usize) -> Result<Pools, ConfigError> {
-        let hot = super::claim_loop::MAX_CLAIMS + 1;
+        let hot = super::MAX_CLAIMS + 1;
         Ok(Pools {
             general: crate::db::pool(db, general)?,
             hot: crate::db::pool_with_setup(db, hot, crate::queries::CLAIM_SETUP)?,

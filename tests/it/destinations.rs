@@ -8,6 +8,7 @@ use crate::common;
 use common::receiver::{Receiver, Reply};
 use common::*;
 use outboxd::claim;
+use outboxd::deliver::webhook::destination;
 use outboxd::model::Channel;
 
 /// The destination of a webhook URL, as the claim and an operator see it.
@@ -72,12 +73,15 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
             .map_or(*want, |(_, w)| *w);
         let payload = serde_json::json!({"url": url, "body": {}}).to_string();
         assert_eq!(
-            outboxd::claim::destination_of(&payload).as_deref(),
+            destination::destination_of(&payload).as_deref(),
             want,
             "the worker's destination of {url:?}"
         );
         assert_eq!(
-            claim::read_and_route(&payload).1.destination.as_deref(),
+            destination::read_and_route(&payload)
+                .1
+                .destination
+                .as_deref(),
             want,
             "the claim's destination of {url:?}"
         );
@@ -107,7 +111,7 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
             url.len()
         );
         let payload = serde_json::json!({"url": url, "body": {}}).to_string();
-        assert_eq!(claim::destination_of(&payload), want, "the worker's");
+        assert_eq!(destination::destination_of(&payload), want, "the worker's");
     }
     // More shapes, where only agreement matters: every one named alike by both.
     let mut more: Vec<String> = Vec::new();
@@ -153,12 +157,12 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
         let want = sql.clone().or_else(|| as_the_parser_reads(url));
         let payload = serde_json::json!({"url": url}).to_string();
         assert_eq!(
-            outboxd::claim::destination_of(&payload),
+            destination::destination_of(&payload),
             want,
             "the worker and outbox.destination_of disagree on {url:?}"
         );
         assert_eq!(
-            claim::read_and_route(&payload).1.destination,
+            destination::read_and_route(&payload).1.destination,
             want,
             "the claim and outbox.destination_of disagree on {url:?}"
         );
@@ -175,7 +179,7 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
     let got = destination(&db, &serde_json::json!(long)).await;
     assert_eq!(got, None);
     let payload = serde_json::json!({"url": long}).to_string();
-    assert_eq!(claim::destination_of(&payload), None);
+    assert_eq!(destination::destination_of(&payload), None);
 }
 
 /// The host and port an http(s) URL's request goes to, as `url::Url` (the sender's
@@ -221,12 +225,15 @@ async fn a_host_written_another_way_has_its_own_name() {
     for (url, want) in cases {
         let payload = serde_json::json!({"url": url, "body": {}}).to_string();
         assert_eq!(
-            claim::destination_of(&payload).as_deref(),
+            destination::destination_of(&payload).as_deref(),
             Some(*want),
             "the worker's destination of {url:?}"
         );
         assert_eq!(
-            claim::read_and_route(&payload).1.destination.as_deref(),
+            destination::read_and_route(&payload)
+                .1
+                .destination
+                .as_deref(),
             Some(*want),
             "the claim's destination of {url:?}"
         );
@@ -234,7 +241,10 @@ async fn a_host_written_another_way_has_its_own_name() {
     }
     // Plain dotted IPv4 stays on the SQL function's name.
     let payload = serde_json::json!({"url": "http://10.0.0.1:80/x"}).to_string();
-    assert_eq!(claim::destination_of(&payload).as_deref(), Some("10.0.0.1"));
+    assert_eq!(
+        destination::destination_of(&payload).as_deref(),
+        Some("10.0.0.1")
+    );
 }
 
 /// The claim hands each webhook its destination; e-mail has none.
@@ -502,10 +512,10 @@ async fn the_worker_reads_reconcile_as_outbox_reconcilable_does() {
             .await
             .unwrap()
             .get(0);
-        let r = outboxd::claim::routing(&rendered);
+        let r = destination::routing(&rendered);
         assert_eq!(r.reconcile, sql, "reconcile of {p}");
         assert_eq!(r.destination, dest, "destination of {p}");
-        let r = claim::read_and_route(&rendered).1;
+        let r = destination::read_and_route(&rendered).1;
         assert_eq!(r.reconcile, sql, "the claim's reconcile of {p}");
         assert_eq!(r.destination, dest, "the claim's destination of {p}");
     }

@@ -623,7 +623,7 @@ fn debug_of_what_holds_secrets_shows_none() {
     let read = payload::read(&text).unwrap();
     urls.parse(read.url().unwrap()).unwrap();
     let request = payload::check(&read, None).unwrap();
-    let (webhook, _) = outboxd::claim::read_and_route(&text);
+    let (webhook, _) = outboxd::deliver::webhook::destination::read_and_route(&text);
     assert!(webhook.is_some(), "the claim reads a payload this small");
     let claimed = outboxd::claim::Claimed {
         id: 1,

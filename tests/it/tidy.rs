@@ -11,6 +11,26 @@ use std::path::{Path, PathBuf};
 /// cannot fail). Empty today: every one outside `#[cfg(test)]` was replaced by handling.
 const ALLOWED_UNWRAPS: &[(&str, &str, &str)] = &[];
 
+/// Known exceptions to "the lease module imports nothing from `crate::deliver`": (file, text
+/// on the line). The claim still reads each small webhook payload once and routes it
+/// (`deliver::webhook::destination`), handing the read payload to the attempt in
+/// `Claimed::webhook`; the list empties when routing is stored at the insert and the
+/// worker reads it.
+const KNOWN_DELIVER_IMPORTS_IN_LEASE: &[(&str, &str)] = &[
+    (
+        "src/claim.rs",
+        "use crate::deliver::webhook::destination::{Routing, read_and_route};",
+    ),
+    (
+        "src/claim.rs",
+        "use crate::deliver::webhook::payload::Read;",
+    ),
+];
+
+/// The longest a file under `src/` may be, in lines: past it, a file holds more than one
+/// concern and is split into rooms named by noun.
+const MAX_LINES: usize = 700;
+
 /// Known exceptions to "delivery does not import `crate::config`": none since each channel
 /// owns its settings (`deliver/*/settings.rs`); kept as a list so that a reviewer sees any
 /// new one.
@@ -323,26 +343,26 @@ fn report(problems: &[String], what: &str) {
     assert!(problems.is_empty(), "{what}:\n{}", problems.join("\n"));
 }
 
-/// (a) No SQL text outside `src/queries.rs` (and `sql/`).
+/// (a) No SQL text outside `src/queries/` (and `sql/`).
 #[test]
 fn sql_lives_in_queries_rs() {
     let mut problems = Vec::new();
     for src in sources("src") {
-        if src.rel == "src/queries.rs" {
+        if src.rel.starts_with("src/queries/") {
             continue;
         }
         for line in &src.lines {
             for lit in &line.literals {
                 if let Some(why) = sql_in(lit) {
                     problems.push(format!(
-                        "{}:{}: SQL text ({why}) in a string literal: move the statement into src/queries.rs with a doc comment stating its contract\n    {}",
+                        "{}:{}: SQL text ({why}) in a string literal: move the statement into src/queries/ with a doc comment stating its contract\n    {}",
                         src.rel, line.number, line.text.trim()
                     ));
                 }
             }
         }
     }
-    report(&problems, "SQL outside src/queries.rs");
+    report(&problems, "SQL outside src/queries/");
 }
 
 /// The scanner itself: what it flags and what it lets through.
@@ -564,4 +584,263 @@ fn the_console_escapes_everything_and_holds_no_sql() {
         }
     }
     report(&problems, "the console's invariants");
+}
+
+/// (g) No file under `src/` is longer than [`MAX_LINES`].
+#[test]
+fn no_file_is_over_the_line_limit() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut problems = Vec::new();
+    for p in files {
+        let n = std::fs::read_to_string(&p).unwrap().lines().count();
+        if n > MAX_LINES {
+            let rel = p
+                .strip_prefix(root())
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            problems.push(format!(
+                "{rel}:{n}: {n} lines, over {MAX_LINES}: split it along its concerns, one room each"
+            ));
+        }
+    }
+    report(&problems, "files over the line limit");
+}
+
+/// (h) The lease (`src/claim.rs`, or `src/claim/`) imports nothing from `crate::deliver`:
+/// claiming and fencing rows is below the channels, which read their own payloads.
+#[test]
+fn the_lease_imports_no_channel() {
+    let mut problems = Vec::new();
+    let mut tolerated = 0;
+    for src in sources("src") {
+        if !(src.rel == "src/claim.rs" || src.rel.starts_with("src/claim/")) {
+            continue;
+        }
+        for line in &src.lines {
+            if !uses(&line.code, "crate::deliver") {
+                continue;
+            }
+            let known = KNOWN_DELIVER_IMPORTS_IN_LEASE
+                .iter()
+                .any(|(f, t)| *f == src.rel && line.text.contains(t));
+            if known {
+                tolerated += 1;
+            } else {
+                problems.push(format!(
+                    "{}:{}: `crate::deliver` in the lease (the lease knows rows and tokens, not channels)\n    {}",
+                    src.rel,
+                    line.number,
+                    line.text.trim()
+                ));
+            }
+        }
+    }
+    if tolerated < KNOWN_DELIVER_IMPORTS_IN_LEASE.len() {
+        problems.push(
+            "tests/it/tidy.rs:1: some KNOWN_DELIVER_IMPORTS_IN_LEASE entries no longer match: remove them"
+                .to_owned(),
+        );
+    }
+    report(&problems, "channel imports in the lease");
+}
+
+/// The module a file under `src/` is: `src/lib.rs` the crate root, `src/a.rs` and
+/// `src/a/mod.rs` the module `a`, `src/a/b.rs` the module `a::b`. `None` for the binary
+/// (`src/main.rs`), which reaches the library by its name, not by `crate::`.
+fn module_of(rel: &str) -> Option<Vec<String>> {
+    let path = rel.strip_prefix("src/")?.strip_suffix(".rs")?;
+    let mut segs: Vec<String> = path.split('/').map(str::to_owned).collect();
+    match segs.last().map(String::as_str) {
+        Some("main") if segs.len() == 1 => return None,
+        Some("lib") if segs.len() == 1 => segs.clear(),
+        Some("mod") => {
+            segs.pop();
+        }
+        _ => {}
+    }
+    Some(segs)
+}
+
+/// The paths a path at `i` of `code` names, groups expanded: `super::{a, b::{c, d}}` names
+/// `super::a`, `super::b::c` and `super::b::d`. Reads identifiers, `::` and braces, and
+/// stops at anything else (`*`, ` as `, `(`).
+fn path_tree(code: &[char], i: &mut usize) -> Vec<Vec<String>> {
+    let skip_ws = |i: &mut usize| {
+        while code.get(*i).is_some_and(|c| c.is_whitespace()) {
+            *i += 1;
+        }
+    };
+    let mut segs: Vec<String> = Vec::new();
+    loop {
+        skip_ws(i);
+        if code.get(*i) == Some(&'{') {
+            *i += 1;
+            let mut out = Vec::new();
+            loop {
+                skip_ws(i);
+                if code.get(*i) == Some(&'}') {
+                    *i += 1;
+                    break;
+                }
+                for sub in path_tree(code, i) {
+                    out.push([segs.clone(), sub].concat());
+                }
+                skip_ws(i);
+                match code.get(*i) {
+                    Some(',') => *i += 1,
+                    Some('}') => {
+                        *i += 1;
+                        break;
+                    }
+                    _ => break,
+                }
+            }
+            return out;
+        }
+        let start = *i;
+        while code
+            .get(*i)
+            .is_some_and(|c| c.is_alphanumeric() || *c == '_')
+        {
+            *i += 1;
+        }
+        if *i == start {
+            break;
+        }
+        segs.push(code[start..*i].iter().collect());
+        if code.get(*i) == Some(&':') && code.get(*i + 1) == Some(&':') {
+            *i += 2;
+        } else {
+            break;
+        }
+    }
+    vec![segs]
+}
+
+/// Which modules of the crate each module imports, with the first place it does: every
+/// `crate::…` and `super::…` path (groups expanded) in code outside test modules, taken to
+/// the longest module it names. Paths between a module and its ancestors are left out (a
+/// parent declares and re-exports its rooms, a room uses its parent's shared items), and
+/// so are relative paths (`self::…`, a child's name), which can only reach descendants.
+/// An inline module other than the tests is read as part of its file.
+fn module_imports() -> std::collections::BTreeMap<Vec<String>, Vec<(Vec<String>, String)>> {
+    let all: Vec<(Vec<String>, Source)> = sources("src")
+        .into_iter()
+        .filter_map(|s| Some((module_of(&s.rel)?, s)))
+        .collect();
+    let known: std::collections::BTreeSet<Vec<String>> =
+        all.iter().map(|(m, _)| m.clone()).collect();
+    let mut edges = std::collections::BTreeMap::new();
+    for (module, src) in &all {
+        let mut code: Vec<char> = Vec::new();
+        let mut line_of: Vec<usize> = Vec::new();
+        for line in src.lines.iter().filter(|l| !l.test) {
+            for c in line.code.chars().chain(std::iter::once('\n')) {
+                code.push(c);
+                line_of.push(line.number);
+            }
+        }
+        let mut targets: Vec<(Vec<String>, String)> = Vec::new();
+        for start in 0..code.len() {
+            let head: String = code[start..code.len().min(start + 7)].iter().collect();
+            let after_path_char = start > 0
+                && (code[start - 1].is_alphanumeric()
+                    || code[start - 1] == '_'
+                    || code[start - 1] == ':');
+            if after_path_char || !(head == "crate::" || head.starts_with("super::")) {
+                continue;
+            }
+            let mut i = start;
+            for path in path_tree(&code, &mut i) {
+                let mut full: Vec<String> = Vec::new();
+                let mut rest = path.as_slice();
+                if rest.first().is_some_and(|s| s == "crate") {
+                    rest = &rest[1..];
+                } else {
+                    full = module.clone();
+                    while rest.first().is_some_and(|s| s == "super") {
+                        full.pop();
+                        rest = &rest[1..];
+                    }
+                }
+                full.extend(rest.iter().cloned());
+                let Some(target) = (0..=full.len())
+                    .rev()
+                    .map(|n| full[..n].to_vec())
+                    .find(|m| known.contains(m))
+                else {
+                    continue;
+                };
+                let related = target.starts_with(module) || module.starts_with(&target);
+                if related || targets.iter().any(|(t, _)| *t == target) {
+                    continue;
+                }
+                targets.push((target, format!("{}:{}", src.rel, line_of[start])));
+            }
+        }
+        edges.insert(module.clone(), targets);
+    }
+    edges
+}
+
+/// (i) No import circle between the modules of `src/` (two modules that import each other
+/// included), at module granularity as [`module_imports`] reads them: the imports run one
+/// way, so each room can be read knowing only what is below it.
+#[test]
+fn no_import_circle() {
+    let edges = module_imports();
+    let name = |m: &Vec<String>| {
+        if m.is_empty() {
+            "crate".to_owned()
+        } else {
+            m.join("::")
+        }
+    };
+    // Depth-first search; a module met again while on the current path closes a circle.
+    fn visit(
+        m: &Vec<String>,
+        edges: &std::collections::BTreeMap<Vec<String>, Vec<(Vec<String>, String)>>,
+        done: &mut std::collections::BTreeSet<Vec<String>>,
+        path: &mut Vec<(Vec<String>, String)>,
+        circles: &mut Vec<Vec<(Vec<String>, String)>>,
+    ) {
+        if done.contains(m) {
+            return;
+        }
+        for (target, at) in edges.get(m).into_iter().flatten() {
+            if let Some(k) = path.iter().position(|(p, _)| p == target) {
+                let mut circle = path[k..].to_vec();
+                circle.push((m.clone(), at.clone()));
+                circles.push(circle);
+                continue;
+            }
+            path.push((m.clone(), at.clone()));
+            visit(target, edges, done, path, circles);
+            path.pop();
+        }
+        done.insert(m.clone());
+    }
+    let mut done = std::collections::BTreeSet::new();
+    let mut circles = Vec::new();
+    for m in edges.keys() {
+        let mut path = Vec::new();
+        visit(m, &edges, &mut done, &mut path, &mut circles);
+    }
+    let problems: Vec<String> = circles
+        .iter()
+        .map(|c| {
+            let steps: Vec<String> = c
+                .iter()
+                .map(|(m, at)| format!("{} ({at})", name(m)))
+                .collect();
+            format!(
+                "{}: an import circle: {} -> back to the first: move what they share below both",
+                c[0].1,
+                steps.join(" -> ")
+            )
+        })
+        .collect();
+    report(&problems, "import circles");
 }

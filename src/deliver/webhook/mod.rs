@@ -13,6 +13,7 @@
 pub mod body;
 pub mod classify;
 pub mod client;
+pub mod destination;
 pub mod payload;
 pub mod reconcile;
 pub mod settings;

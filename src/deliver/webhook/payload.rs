@@ -41,7 +41,7 @@ const HEADER_ROOM: usize = 12;
 
 /// A webhook payload read from its JSON text, its members not yet checked: what
 /// [`read`] gives and [`check`] turns into a [`Request`]. The claim reads each webhook's
-/// payload once, takes its routing from it (`claim::routing_of`) and hands it to the
+/// payload once, takes its routing from it (`destination::routing_of`) and hands it to the
 /// attempt, so the text is scanned once per attempt, not twice.
 #[derive(Clone, Deserialize)]
 pub struct Read {

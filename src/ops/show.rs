@@ -1,0 +1,377 @@
+//! One message's story (`outboxd show`, the console's message page), its payload redacted
+//! to what the logs keep, and the next steps an operator can take.
+
+use serde::Serialize;
+use tokio_postgres::GenericClient;
+use tokio_postgres::types::Type;
+
+use crate::queries;
+
+use super::{Target, resolve, stamp};
+
+/// One attempt (or operator action) in a message's history.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AttemptRecord {
+    /// The attempt number.
+    pub attempt: i32,
+    /// The worker or operator.
+    pub worker: Option<String>,
+    /// When it started (RFC 3339).
+    pub started_at: String,
+    /// When it ended (RFC 3339).
+    pub finished_at: Option<String>,
+    /// How it ended.
+    pub outcome: String,
+    /// The failure's class.
+    pub error_class: Option<String>,
+    /// The failure, one line.
+    pub error: Option<String>,
+    /// HTTP status or SMTP code.
+    pub status: Option<i32>,
+    /// The provider deduplicated it.
+    pub deduplicated: bool,
+}
+
+/// A message and its history, as `outboxd show --json` prints it. The payload is redacted
+/// by [`redact_payload`] (header values, a URL's user info, path and query, e-mail
+/// addresses, subject and bodies).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MessageDetail {
+    /// The message id.
+    pub id: i64,
+    /// The message key.
+    pub message_key: String,
+    /// Its channel.
+    pub channel: String,
+    /// Its state.
+    pub state: String,
+    /// Attempts started.
+    pub attempts: i32,
+    /// The budget.
+    pub max_attempts: i32,
+    /// May an ambiguous failure be retried?
+    pub retry_ambiguous: bool,
+    /// The payload, redacted by [`redact_payload`].
+    pub payload: serde_json::Value,
+    /// Not claimed before this.
+    pub run_after: String,
+    /// The worker holding it, while running.
+    pub lease_owner: Option<String>,
+    /// Until when, while running.
+    pub lease_expires_at: Option<String>,
+    /// The last failure's class.
+    pub error_class: Option<String>,
+    /// The last failure.
+    pub last_error: Option<String>,
+    /// The provider's last answer, summarised.
+    pub response: Option<serde_json::Value>,
+    /// Timestamps (RFC 3339).
+    pub created_at: String,
+    /// Last change.
+    pub updated_at: String,
+    /// When delivered.
+    pub delivered_at: Option<String>,
+    /// When it died.
+    pub dead_at: Option<String>,
+    /// When it was cancelled.
+    pub cancelled_at: Option<String>,
+    /// Its ordering group, if any (`sql/0012`).
+    pub ordering_key: Option<String>,
+    /// Every attempt and operator action, oldest first.
+    pub history: Vec<AttemptRecord>,
+    /// What an operator can do about it now ([`next_steps`]): empty but for a dead letter.
+    pub next_steps: Vec<NextStep>,
+}
+
+/// One thing an operator can do about a message, as `outboxd show` suggests it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NextStep {
+    /// The action: `confirm`, `replay` or `cancel`.
+    pub action: String,
+    /// The command that does it (`outboxd replay 42`).
+    pub command: String,
+    /// When it is the right one.
+    pub when: String,
+}
+
+/// What an operator can do about a message in `state` with `error_class`: a dead letter
+/// can be replayed or cancelled, and one whose last attempt may have taken effect
+/// (`ambiguous`) can also be confirmed, which a person does after asking the provider.
+/// Nothing for any other state: a worker or an approval moves those on.
+pub fn next_steps(id: i64, state: &str, error_class: Option<&str>) -> Vec<NextStep> {
+    if state != "dead" {
+        return Vec::new();
+    }
+    let step = |action: &str, when: &str| NextStep {
+        action: action.to_owned(),
+        command: format!("outboxd {action} {id}"),
+        when: when.to_owned(),
+    };
+    if error_class == Some("ambiguous") {
+        vec![
+            step(
+                "confirm",
+                "it took effect (the provider has it): recorded as delivered",
+            ),
+            step(
+                "replay",
+                "it did not take effect: sent again, with the same key",
+            ),
+            step("cancel", "it must not be sent again"),
+        ]
+    } else {
+        vec![
+            step(
+                "replay",
+                "once the cause is fixed: sent again, with the same key",
+            ),
+            step("cancel", "it must not be sent again"),
+        ]
+    }
+}
+
+/// The payload as `outboxd show` prints it, keeping no more than the logs and
+/// `outbox.attempts` do (README, "Logs"):
+///
+/// * every header value is `[redacted]` (the names are kept);
+/// * a webhook's `url` (and its `reconcile.url`) is reduced to its scheme, host and port,
+///   as errors name a destination: no user name or password, path, query or fragment
+///   (tokens sit there); `/[redacted]` marks that there was more. A URL that does not parse
+///   is not shown at all;
+/// * an e-mail shows no address, subject or body: each field becomes a count
+///   (`[redacted: 2 addresses]`, `[redacted: 42 characters]`).
+///
+/// A webhook's `body` and `method` are shown: an operator needs them to judge a replay;
+/// so are the names the worker reads (`secret`, the signing secret's name, and
+/// `store_response`). `reconcile`'s members other than its URL, and members the worker
+/// does not read, are `[redacted]`.
+pub fn redact_payload(channel: &str, mut payload: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    let Some(fields) = payload.as_object_mut() else {
+        return Value::String("[redacted]".into());
+    };
+    for (name, value) in fields.iter_mut() {
+        *value = match (name.as_str(), value.take()) {
+            ("headers", Value::Object(mut headers)) => {
+                for v in headers.values_mut() {
+                    *v = Value::String("[redacted]".into());
+                }
+                Value::Object(headers)
+            }
+            ("headers", Value::Null) => Value::Null,
+            ("headers", _) => Value::String("[redacted]".into()),
+            ("url", url) if channel == "webhook" => Value::String(redact_url(&url)),
+            // The reconciliation lookup's URL carries tokens as often as the main one.
+            // Its other members are the provider's settings, which may be tokens too.
+            ("reconcile", Value::Object(mut r)) if channel == "webhook" => {
+                for (k, v) in r.iter_mut() {
+                    *v = if k == "url" {
+                        Value::String(redact_url(v))
+                    } else {
+                        Value::String("[redacted]".into())
+                    };
+                }
+                Value::Object(r)
+            }
+            // What the worker reads and an operator needs to judge a replay, in the shapes
+            // the worker takes (anything else is refused as invalid, and may hold a token:
+            // a reconcile URL written as a bare string). Anything else the application put
+            // there is the worker's to ignore, and may be a token too.
+            ("body", v) if channel == "webhook" => v,
+            ("method" | "secret", v @ Value::String(_)) if channel == "webhook" => v,
+            ("store_response", v @ Value::Bool(_)) if channel == "webhook" => v,
+            (_, Value::Null) if channel == "webhook" => Value::Null,
+            (_, _) if channel == "webhook" => Value::String("[redacted]".into()),
+            (_, Value::Null) => Value::Null,
+            ("from" | "to" | "cc" | "bcc" | "reply_to", v) => {
+                let n = match &v {
+                    Value::Array(a) => a.len(),
+                    _ => 1,
+                };
+                Value::String(format!(
+                    "[redacted: {n} address{}]",
+                    if n == 1 { "" } else { "es" }
+                ))
+            }
+            (_, Value::String(text)) => {
+                let n = text.chars().count();
+                Value::String(format!(
+                    "[redacted: {n} character{}]",
+                    if n == 1 { "" } else { "s" }
+                ))
+            }
+            (_, _) => Value::String("[redacted]".into()),
+        };
+    }
+    payload
+}
+
+/// A webhook URL as errors and logs name its destination: `scheme://host[:port]/`, and
+/// `[redacted]` after it when the URL had a path, query or fragment.
+fn redact_url(url: &serde_json::Value) -> String {
+    let Some(text) = url.as_str() else {
+        return "[redacted: not a string]".into();
+    };
+    let Ok(parsed) = url::Url::parse(text) else {
+        return "[redacted: not a valid URL]".into();
+    };
+    let Some(host) = parsed.host_str() else {
+        return format!("{}:[redacted]", parsed.scheme());
+    };
+    let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let more = parsed.path() != "/" || parsed.query().is_some() || parsed.fragment().is_some();
+    format!(
+        "{}://{host}{port}/{}",
+        parsed.scheme(),
+        if more { "[redacted]" } else { "" }
+    )
+}
+
+/// Shown in place of a JSON value that cannot be read: `jsonb` takes any depth, and
+/// tokio-postgres reads it with serde_json, which stops at 128 levels (an application's
+/// payload can be that deep; a stored response body no longer is).
+const TOO_DEEP: &str = "(not shown: nested more than 128 levels deep)";
+
+/// One message and its history, or None when the target matches nothing.
+pub async fn show<C: GenericClient>(
+    client: &C,
+    target: &Target,
+) -> Result<Option<MessageDetail>, tokio_postgres::Error> {
+    let (found, _) = resolve(client, std::slice::from_ref(target)).await?;
+    let Some((id, _)) = found.first() else {
+        return Ok(None);
+    };
+    let Some(r) = client
+        .query_typed_opt(queries::SHOW_MESSAGE, &[(id, Type::INT8)])
+        .await?
+    else {
+        return Ok(None);
+    };
+    let ts = |i: usize| stamp(&r, i);
+    let mut detail = MessageDetail {
+        id: r.get(0),
+        message_key: r.get(1),
+        channel: r.get(2),
+        state: r.get(3),
+        attempts: r.get(4),
+        max_attempts: r.get(5),
+        retry_ambiguous: r.get(6),
+        payload: match r.try_get(7) {
+            Ok(payload) => redact_payload(r.get(2), payload),
+            Err(_) => serde_json::Value::String(TOO_DEEP.into()),
+        },
+        run_after: ts(8).unwrap_or_default(),
+        lease_owner: r.get(9),
+        lease_expires_at: ts(10),
+        error_class: r.get(11),
+        last_error: r.get(12),
+        response: r
+            .try_get(13)
+            .unwrap_or_else(|_| Some(serde_json::Value::String(TOO_DEEP.into()))),
+        created_at: ts(14).unwrap_or_default(),
+        updated_at: ts(15).unwrap_or_default(),
+        delivered_at: ts(16),
+        dead_at: ts(17),
+        cancelled_at: ts(18),
+        ordering_key: r.get(19),
+        history: Vec::new(),
+        next_steps: Vec::new(),
+    };
+    detail.next_steps = next_steps(detail.id, &detail.state, detail.error_class.as_deref());
+    for a in client
+        .query_typed(queries::SHOW_ATTEMPTS, &[(id, Type::INT8)])
+        .await?
+    {
+        detail.history.push(AttemptRecord {
+            attempt: a.get(0),
+            worker: a.get(1),
+            started_at: stamp(&a, 2).unwrap_or_default(),
+            finished_at: stamp(&a, 3),
+            outcome: a.get(4),
+            error_class: a.get(5),
+            error: a.get(6),
+            status: a.get(7),
+            deduplicated: a.get(8),
+        });
+    }
+    Ok(Some(detail))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_are_redacted_as_the_logs_name_things() {
+        let p = serde_json::json!({"url": "https://u:pw@x.example/hooks/a?token=t0k", "headers": {"Authorization": "Bearer s3cret"}, "body": 1});
+        let r = redact_payload("webhook", p);
+        assert_eq!(r["headers"]["Authorization"], "[redacted]");
+        assert_eq!(r["url"], "https://x.example/[redacted]");
+        assert_eq!(r["body"], 1);
+        for (url, shown) in [
+            (
+                "http://TOKEN@h.example/p?q=SECRET",
+                "http://h.example/[redacted]",
+            ),
+            ("http://h.example:8080", "http://h.example:8080/"),
+            ("https://h.example/", "https://h.example/"),
+            ("https://h.example/#frag", "https://h.example/[redacted]"),
+            ("http://[::1]:9/x", "http://[::1]:9/[redacted]"),
+            (
+                "http://bad host/?token=SECRET",
+                "[redacted: not a valid URL]",
+            ),
+            ("mailto:SECRET@h.example", "mailto:[redacted]"),
+        ] {
+            let r = redact_payload("webhook", serde_json::json!({ "url": url }));
+            assert_eq!(r["url"], shown, "{url}");
+        }
+        // The lookup's settings and members the worker does not read may be tokens.
+        let r = redact_payload(
+            "webhook",
+            serde_json::json!({"url": "https://h.example/", "method": "PUT", "secret": "billing",
+                "store_response": true, "token": "SECRET", "extra": {"k": "SECRET"}, "none": null,
+                "reconcile": {"url": "https://l.example/ops?t=SECRET", "token": "SECRET", "n": 5}}),
+        );
+        assert_eq!(
+            r,
+            serde_json::json!({"url": "https://h.example/", "method": "PUT", "secret": "billing",
+                "store_response": true, "token": "[redacted]", "extra": "[redacted]", "none": null,
+                "reconcile": {"url": "https://l.example/[redacted]", "token": "[redacted]",
+                    "n": "[redacted]"}})
+        );
+        // In shapes the worker refuses, each is hidden too.
+        let r = redact_payload(
+            "webhook",
+            serde_json::json!({"reconcile": "https://l.example/ops?t=SECRET",
+                "method": {"t": "SECRET"}, "secret": ["SECRET"], "store_response": "SECRET"}),
+        );
+        assert_eq!(
+            r,
+            serde_json::json!({"reconcile": "[redacted]", "method": "[redacted]",
+                "secret": "[redacted]", "store_response": "[redacted]"})
+        );
+        let r = redact_payload(
+            "webhook",
+            serde_json::json!({"url": {"token": "SECRET"}, "headers": "SECRET"}),
+        );
+        assert_eq!(
+            r,
+            serde_json::json!({"url": "[redacted: not a string]", "headers": "[redacted]"})
+        );
+        let r = redact_payload(
+            "email",
+            serde_json::json!({"from": "A <a@x.example>", "to": ["b@x.example", "c@x.example"],
+                "cc": [], "bcc": null, "reply_to": "r@x.example", "subject": "Hi there",
+                "text": "T", "html": "<p>H</p>", "headers": {"X-Trace": "SECRET"}, "other": {"k": 1}}),
+        );
+        assert_eq!(
+            r,
+            serde_json::json!({"from": "[redacted: 1 address]", "to": "[redacted: 2 addresses]",
+                "cc": "[redacted: 0 addresses]", "bcc": null, "reply_to": "[redacted: 1 address]",
+                "subject": "[redacted: 8 characters]", "text": "[redacted: 1 character]",
+                "html": "[redacted: 8 characters]", "headers": {"X-Trace": "[redacted]"},
+                "other": "[redacted]"})
+        );
+    }
+}

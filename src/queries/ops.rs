@@ -1,0 +1,181 @@
+//! Operator actions: the states an operator was shown, dead letters, held messages, show, the
+//! checkpoints, replay, purge, and the console's pages and chart.
+
+/// The console's confirmed actions: the named rows' states and versions ([`STATES_OF`]),
+/// locked in id order (the order the checkpoint functions lock them in) until the
+/// action's transaction ends.
+pub const LOCK_STATES: &str = r#"
+SELECT id, state, (extract(epoch FROM updated_at) * 1000000)::bigint
+FROM outbox.messages WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
+"#;
+
+/// The console's confirmation page: the named rows' states, as the operator sees them,
+/// and their versions (`updated_at` in microseconds: every change of state sets it, so a
+/// row that changed and changed back is told apart).
+pub const STATES_OF: &str = r#"
+SELECT id, state, (extract(epoch FROM updated_at) * 1000000)::bigint
+FROM outbox.messages WHERE id = ANY($1::bigint[])
+"#;
+
+/// Dead letters, newest first, filtered: `$1` channel or NULL, `$2` error class or NULL,
+/// `$3` "dead within the last N seconds" or NULL, `$4` limit.
+pub const DEAD_LIST: &str = r#"
+SELECT id, message_key, channel, attempts, error_class, last_error, dead_at
+FROM outbox.messages
+WHERE state = 'dead'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::text IS NULL OR error_class = $2::text)
+  AND ($3::float8 IS NULL OR dead_at >= now() - make_interval(secs => $3::float8))
+ORDER BY dead_at DESC, id DESC
+LIMIT $4
+"#;
+
+/// Console: the `(id, message_key)` of the first `$4` dead letters, by id, matching the
+/// filters of [`DEAD_LIST`] (`$1`..`$3`): an action on "everything the filter matches"
+/// touches at most so many, and after an outage millions may match.
+pub const DEAD_IDS_FIRST: &str = r#"
+SELECT id, message_key
+FROM outbox.messages
+WHERE state = 'dead'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::text IS NULL OR error_class = $2::text)
+  AND ($3::float8 IS NULL OR dead_at >= now() - make_interval(secs => $3::float8))
+ORDER BY id
+LIMIT $4
+"#;
+
+/// The ids of every dead letter matching the filters of [`DEAD_LIST`] (`$1`..`$3`), for
+/// `replay --all-dead`, locked for the transaction that replays them: a row cancelled,
+/// confirmed or purged meanwhile is left out, rather than failing the whole replay.
+pub const DEAD_IDS: &str = r#"
+SELECT id, message_key
+FROM outbox.messages
+WHERE state = 'dead'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::text IS NULL OR error_class = $2::text)
+  AND ($3::float8 IS NULL OR dead_at >= now() - make_interval(secs => $3::float8))
+ORDER BY id
+FOR UPDATE
+"#;
+
+/// Resolves message ids (`$1`) and keys (`$2`) to `id, message_key`.
+pub const RESOLVE: &str = r#"
+SELECT id, message_key FROM outbox.messages
+WHERE id = ANY($1::bigint[]) OR message_key = ANY($2::text[])
+"#;
+
+/// One message with every column an operator may want, by id (`$1`).
+pub const SHOW_MESSAGE: &str = r#"
+SELECT id, message_key, channel, state, attempts, max_attempts, retry_ambiguous, payload,
+       run_after, lease_owner, lease_expires_at, error_class, last_error, response,
+       created_at, updated_at, delivered_at, dead_at, cancelled_at, ordering_key
+FROM outbox.messages WHERE id = $1
+"#;
+
+/// Held messages, oldest first, filtered: `$1` channel or NULL, `$2` "held within the last
+/// N seconds" (by `created_at`) or NULL, `$3` limit. Reads `messages_held_idx`.
+pub const HELD_LIST: &str = r#"
+SELECT id, message_key, channel, created_at
+FROM outbox.messages
+WHERE state = 'held'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::float8 IS NULL OR created_at >= now() - make_interval(secs => $2::float8))
+ORDER BY created_at, id
+LIMIT $3
+"#;
+
+/// Approve held messages (`$1` ids, `$2` actor) through `outbox.approve`: all or nothing.
+pub const APPROVE: &str = "SELECT id, message_key FROM outbox.approve($1::bigint[], $2::text)";
+
+/// Cancel messages (`$1` ids, `$2` reason or NULL, `$3` actor) through `outbox.cancel`: all
+/// or nothing; the function checks the reason.
+pub const CANCEL: &str =
+    "SELECT id, message_key FROM outbox.cancel($1::bigint[], $2::text, $3::text)";
+
+/// Confirm dead ambiguous messages (`$1` ids, `$2` actor) through `outbox.confirm`: all or
+/// nothing.
+pub const CONFIRM: &str = "SELECT id, message_key FROM outbox.confirm($1::bigint[], $2::text)";
+
+/// The history of a message (`$1`), oldest first.
+pub const SHOW_ATTEMPTS: &str = r#"
+SELECT attempt, worker, started_at, finished_at, outcome, error_class, error, status, deduplicated
+FROM outbox.attempts WHERE message_id = $1 ORDER BY id
+"#;
+
+/// Replay dead messages (`$1` ids, `$2` actor) through `outbox.replay`: all or nothing.
+pub const REPLAY: &str = "SELECT id, message_key FROM outbox.replay($1::bigint[], $2::text)";
+
+/// Delete one batch of finished messages through `outbox.purge`: `$1` age in seconds, `$2`
+/// include dead, `$3` batch size. Returns the number deleted.
+pub const PURGE_BATCH: &str =
+    "SELECT outbox.purge(make_interval(secs => $1::float8), $2::bool, $3::int)";
+
+/// Console: one page of dead letters matching the filters of [`DEAD_LIST`] (`$1`..`$3`),
+/// newest first, `$4` rows after skipping `$5`. Same columns as [`DEAD_LIST`].
+pub const DEAD_PAGE: &str = r#"
+SELECT id, message_key, channel, attempts, error_class, last_error, dead_at
+FROM outbox.messages
+WHERE state = 'dead'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::text IS NULL OR error_class = $2::text)
+  AND ($3::float8 IS NULL OR dead_at >= now() - make_interval(secs => $3::float8))
+ORDER BY dead_at DESC, id DESC
+LIMIT $4 OFFSET $5
+"#;
+
+/// Console: how many dead letters match the filters of [`DEAD_LIST`] (`$1`..`$3`), for the
+/// pager and the confirmation step ("this touches N rows").
+pub const DEAD_COUNT: &str = r#"
+SELECT count(*)::bigint
+FROM outbox.messages
+WHERE state = 'dead'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::text IS NULL OR error_class = $2::text)
+  AND ($3::float8 IS NULL OR dead_at >= now() - make_interval(secs => $3::float8))
+"#;
+
+/// Console: one page of held messages matching the filters of [`HELD_LIST`] (`$1`, `$2`),
+/// oldest first, `$3` rows after skipping `$4`. Same columns as [`HELD_LIST`].
+pub const HELD_PAGE: &str = r#"
+SELECT id, message_key, channel, created_at
+FROM outbox.messages
+WHERE state = 'held'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::float8 IS NULL OR created_at >= now() - make_interval(secs => $2::float8))
+ORDER BY created_at, id
+LIMIT $3 OFFSET $4
+"#;
+
+/// Console: how many held messages match the filters of [`HELD_LIST`] (`$1`, `$2`).
+pub const HELD_COUNT: &str = r#"
+SELECT count(*)::bigint
+FROM outbox.messages
+WHERE state = 'held'
+  AND ($1::text IS NULL OR channel = $1::text)
+  AND ($2::float8 IS NULL OR created_at >= now() - make_interval(secs => $2::float8))
+"#;
+
+/// Console chart: deliveries and failures per minute over the last hour, from the attempt
+/// history. Always 60 rows, oldest first: `minute` (unix seconds of the minute's start, the
+/// database's clock), `delivered` (attempts whose outcome is `delivered`), `failed`
+/// (`retry`, `dead` or `lease_lost`: attempts that did not deliver). Operator actions
+/// (`replayed`, `approved`, …) and releases are not attempts that failed, so they count in
+/// neither. There is no index on `finished_at`: the read costs a scan of the history,
+/// which the daemon's retention keeps to about `--retention` of traffic (a page view, not
+/// a scrape).
+pub const ATTEMPTS_PER_MINUTE: &str = r#"
+WITH m AS (
+    SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes',
+                           date_trunc('minute', now()), interval '1 minute') AS minute
+), a AS (
+    SELECT date_trunc('minute', finished_at) AS minute, outcome
+    FROM outbox.attempts
+    WHERE finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+)
+SELECT extract(epoch FROM m.minute)::float8 AS minute,
+       count(a.outcome) FILTER (WHERE a.outcome = 'delivered')::bigint AS delivered,
+       count(a.outcome) FILTER (WHERE a.outcome IN ('retry', 'dead', 'lease_lost'))::bigint AS failed
+FROM m LEFT JOIN a ON a.minute = m.minute
+GROUP BY m.minute
+ORDER BY m.minute
+"#;
