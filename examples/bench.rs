@@ -653,7 +653,7 @@ async fn enqueue_bench(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         "  plain one-row INSERT transactions, 4 connections: {}/s",
         fmt_rate(plain_before)
     );
-    // No worker is idle (none runs, as when every worker is busy): since sql/0004 no
+    // No worker is idle (none runs, as when every worker is busy): no
     // enqueue notifies.
     reset(&client).await?;
     let busy = single_tx_rate(o, &url, 4, 5, Single::Enqueue).await?;
@@ -678,8 +678,7 @@ async fn enqueue_bench(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
         ),
         target: "≥ 0.85".into(),
     });
-    // An idle worker holds the idle mark: every commit notifies (as every commit did
-    // before sql/0004). This connection holds it as a worker's LISTEN connection would.
+    // An idle worker holds the idle mark: every commit notifies. This connection holds it as a worker's LISTEN connection would.
     reset(&client).await?;
     client
         .batch_execute("SELECT pg_advisory_lock_shared(1869968482, 2)")
@@ -913,7 +912,7 @@ async fn latency(o: &Opts, rows: &mut Vec<Row>) -> anyhow::Result<()> {
             o.runs
         ),
         result: format!("{p50:.2} ms"),
-        target: "≤ 1.5 ms (issue 17)".into(),
+        target: "≤ 1.5 ms ".into(),
     });
     rows.push(Row {
         figure: format!(

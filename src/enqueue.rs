@@ -1,7 +1,7 @@
 //! Enqueueing from Rust, inside the application's own transaction.
 //!
-//! The rules are the SQL function's (`outbox.enqueue_row`, in `sql/0001_outbox.sql`, and the
-//! insert trigger it fires; both last changed in `sql/0012_ordering_keys.sql`): this
+//! The rules are the SQL function's (`outbox.enqueue_row`, in `sql/0001_baseline.sql`, and the
+//! insert trigger it fires): this
 //! module only binds parameters and turns the database's answers into typed errors, so the
 //! SQL and Rust paths cannot disagree.
 

@@ -1,7 +1,7 @@
 //! `lookup`: what became of a side effect, by its key — the read an agent's tool wrapper
 //! makes before it acts again (the seed's `cached = get(key)`).
 //!
-//! The rule lives in SQL (`outbox.lookup`, `sql/0009_human_checkpoints.sql`): a
+//! The rule lives in SQL (`outbox.lookup`, in `sql/0001_baseline.sql`): a
 //! `SECURITY DEFINER` function that returns no payload, so the application role may call it
 //! without any right on the table. This module binds the key and types the answer.
 //!

@@ -431,7 +431,7 @@ mod tests {
     }
 }
 
-/// A destination's circuit breaker (`outbox.destinations.state`, `sql/0014`), closed set.
+/// A destination's circuit breaker (`outbox.destinations.state`), closed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Circuit {
     /// Sending; failures in a row are counted towards the threshold.

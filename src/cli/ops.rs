@@ -379,7 +379,7 @@ pub(super) async fn checkpoint(
             CheckpointError::Database(e) => db_failed(&format!("{} failed", verb(&action)), &e),
             CheckpointError::Invalid(m) => CliError::Usage(ConfigError(esc(&m))),
             e @ CheckpointError::Empty(_) => CliError::Usage(ConfigError(e.to_string())),
-            // The database's message quotes keys, which rows stored before sql/0007 may
+            // The database's message quotes keys, which rows changed by hand may
             // hold with control characters.
             refused => CliError::Refused(esc(&refused.to_string())),
         })?;

@@ -1,6 +1,6 @@
 //! Limits per destination: `--host-concurrency` and `OUTBOXD_WEBHOOK_RATE_LIMITS`.
 //!
-//! A destination is what `outbox.destination_of` names (`sql/0013`): a webhook URL's host in
+//! A destination is what `outbox.destination_of` names: a webhook URL's host in
 //! lower case, with `:port` when the URL names one other than its scheme's default. Both
 //! limits hold per worker process; the worker (`worker::destinations`) applies them by
 //! giving a message back unsent and uncounted until it may go (`state::Deferral`).

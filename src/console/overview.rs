@@ -51,7 +51,7 @@ pub(crate) async fn page(State(app): State<Shared>, signed: Signed) -> Result<Re
                 @if st.oldest_due_seconds == 0.0 { span.muted { " (none is waiting)" } }
             }
         }
-        // Circuit breakers (sql/0014): hosts open, half-open or counting failures. Names
+        // Circuit breakers: hosts open, half-open or counting failures. Names
         // only (a destination is a host and port, never a path or query); closing one by
         // hand is `outboxd destinations --close HOST`.
         section.scroll id="open-destinations" {

@@ -8,7 +8,7 @@ use crate::queries;
 use super::stamp;
 
 /// A destination whose circuit breaker is open, half-open, or counting failures
-/// (`outboxd destinations`, `sql/0014`).
+/// (`outboxd destinations`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Destination {
     /// The destination, as `outbox.destination_of` names it (`host` or `host:port`).

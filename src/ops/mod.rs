@@ -2,8 +2,8 @@
 //! checkpoints (approve, cancel, confirm), purge.
 //!
 //! The rules of replay, purge and the checkpoints live in SQL (`outbox.replay`,
-//! `outbox.purge` in `sql/0002_operations.sql`; `outbox.approve`, `outbox.cancel`,
-//! `outbox.confirm` in `sql/0009_human_checkpoints.sql`) so that psql users and the CLI get
+//! `outbox.purge`, `outbox.approve`, `outbox.cancel`,
+//! `outbox.confirm`, in `sql/0001_baseline.sql`) so that psql users and the CLI get
 //! the same behaviour; this module resolves names, reports, and loops.
 //!
 //! One room per concern: `dead` letters, `held` messages, one message's story (`show`),
@@ -75,7 +75,7 @@ fn rfc3339(t: time::OffsetDateTime) -> String {
 }
 
 /// A timestamp column as RFC 3339 text, never a panic: a row may hold `infinity` or
-/// `-infinity` (enqueue refuses them since sql/0007, older rows may not), written as
+/// `-infinity` (enqueue refuses them; a row changed by hand may hold one), written as
 /// PostgreSQL writes them, or a year past what `time` reads, shown as such.
 fn stamp(row: &tokio_postgres::Row, i: usize) -> Option<String> {
     use tokio_postgres::types::Timestamp;

@@ -75,7 +75,7 @@ pub struct MessageDetail {
     pub dead_at: Option<String>,
     /// When it was cancelled.
     pub cancelled_at: Option<String>,
-    /// Its ordering group, if any (`sql/0012`).
+    /// Its ordering group, if any.
     pub ordering_key: Option<String>,
     /// Every attempt and operator action, oldest first.
     pub history: Vec<AttemptRecord>,

@@ -1,7 +1,7 @@
 //! The circuit breakers (`outbox.destinations`): record, push and restore a backlog, the view,
 //! the probe, and the operators' listing and closing.
 
-/// Breakers (`sql/0014`): record a batch's webhook outcomes per destination. `$1` hosts
+/// Breakers: record a batch's webhook outcomes per destination. `$1` hosts
 /// (each once), `$2` whether a success (or a 4xx: the receiver answered) came in the batch,
 /// `$3` the transient or ambiguous failures after the last such success, `$4` the threshold,
 /// `$5` the base cooldown and `$6` the longest cooldown (seconds).

@@ -68,7 +68,7 @@ pub const HEALTH_CHECK: &str = "SELECT 1";
 
 /// Wake-ups: take the idle mark (advisory lock `(1869968482, 2)`, share mode, held by the
 /// session) without waiting. While a worker holds it, enqueueing transactions notify (see
-/// `sql/0005_wakeups_for_idle_workers.sql`). False when it is held exclusively: an
+/// `outbox.wake_needed` in `sql/0001_baseline.sql`). False when it is held exclusively: an
 /// enqueuer probing it this instant, or one interrupted while probing, which then notifies
 /// anyway; try again.
 pub const IDLE_MARK: &str = "SELECT pg_try_advisory_lock_shared(1869968482, 2)";

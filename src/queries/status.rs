@@ -88,7 +88,7 @@ LIMIT $1
 /// Status: seconds since the `run_after` of the oldest due pending message; 0 when none is
 /// due.
 ///
-/// Enqueue refuses an infinite `run_after` (`sql/0007`), but rows stored before may hold one,
+/// Enqueue refuses an infinite `run_after`, but a row changed by hand may hold one,
 /// and `now() - '-infinity'` raises 22008: the difference is taken between epochs instead,
 /// and a `-infinity` row counts as due since its `created_at` (an `infinity` row is never
 /// due). Both subqueries read `messages_due_idx`: the first its first finite due entry, the

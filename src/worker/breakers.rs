@@ -1,4 +1,4 @@
-//! Circuit breakers shared through the database (`outbox.destinations`, `sql/0014`).
+//! Circuit breakers shared through the database (`outbox.destinations`).
 //!
 //! The completer counts each batch's webhook outcomes per destination in one statement
 //! ([`queries::BREAKER_RECORD`]), skipped when nothing failed and no success concerns a host

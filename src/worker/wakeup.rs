@@ -1,6 +1,6 @@
 //! Wake-ups: the LISTEN connection, and the idle mark it holds while the claim loop is
 //! idle. This is one half of a protocol whose other half is
-//! `sql/0005_wakeups_for_idle_workers.sql` (enqueueing transactions notify only while some
+//! `outbox.wake_needed` in `sql/0001_baseline.sql` (enqueueing transactions notify only while some
 //! worker holds the mark); that file explains why no wake-up is lost.
 
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use crate::queries;
 /// was committed while it was not listening.
 ///
 /// Enqueueing transactions notify only while some worker holds the idle mark (the protocol
-/// and why it loses no wake-up are in `sql/0005_wakeups_for_idle_workers.sql`): a busy
+/// and why it loses no wake-up are above `outbox.wake_needed` in `sql/0001_baseline.sql`): a busy
 /// worker claims again whenever a slot frees and needs no notification, and notifying
 /// transactions cannot share a WAL flush at commit.
 pub(super) async fn listen(

@@ -736,7 +736,7 @@ async fn wrong_json_types_and_bad_headers_are_dead_invalid_without_a_request() {
     for (key, payload, _) in &cases {
         enqueue_ok(&c, key, payload.clone()).await;
     }
-    // A key with CR/LF or another control character is refused at enqueue (sql/0007); one
+    // A key with CR/LF or another control character is refused at enqueue; one
     // stored before that rule (inserted here with the insert trigger off, as the table's
     // owner) still cannot be sent as a header.
     let crlf_keys = ["key:crlf\r\nX-Injected: 1", "key:lf\nX: 1", "key:esc\u{1b}"];
@@ -1062,7 +1062,7 @@ async fn unicode_keys_are_accepted_and_sent_byte_exact() {
         "مفتاح:١٢٣".to_owned(),
         "e\u{301}:combining".to_owned(),
         "\u{200b}zero-width\u{feff}".to_owned(),
-        // (A tab inside a key, a C0 control, is refused since sql/0007: tests/hostile_sql.rs.)
+        // (A tab inside a key, a C0 control, is refused: tests/it/hostile_sql.rs.)
         "inner  spaces".to_owned(),
         "🎉".repeat(255), // 255 characters, 1020 bytes
         "é".repeat(255),

@@ -1,4 +1,4 @@
-//! Circuit breakers shared through the database (`sql/0014`): a host that
+//! Circuit breakers shared through the database: a host that
 //! keeps failing opens for a cooldown, during which none of its messages is sent or
 //! counted; then one probe; a success closes it and brings its backlog back.
 

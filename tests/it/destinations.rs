@@ -1,5 +1,5 @@
 //! Rules per destination: the name they go by
-//! (`outbox.destination_of`, `sql/0013`), `--host-concurrency` and rate limits.
+//! (`outbox.destination_of`), `--host-concurrency` and rate limits.
 
 #![allow(clippy::unwrap_used)]
 

@@ -295,7 +295,7 @@ async fn same_key_and_payload_dedups_in_every_state() {
     }
 }
 
-/// Keys compare in byte order (`sql/0016`): keys that a language's collation would sort
+/// Keys compare in byte order (`COLLATE "C"`): keys that a language's collation would sort
 /// side by side, or that Unicode calls canonically equivalent, are as distinct as they ever
 /// were, each its own message, and each dedups only against itself.
 #[tokio::test]
@@ -964,7 +964,7 @@ async fn enqueue_many_returns_results_in_order_and_dedups() {
     assert!(!r.get::<_, bool>(1));
     assert_eq!(count_messages(&c).await, 4);
 
-    // A batch of new keys only (since sql/0015 answered without probing the stored rows):
+    // A batch of new keys only (answered without probing the stored rows):
     // every row created, the ids in array order, whatever the keys' order.
     let msgs: Vec<NewMessage> = ["n-z", "n-a", "n-m", "n-b"]
         .iter()
@@ -1040,7 +1040,7 @@ async fn enqueue_many_reports_the_first_invalid_row_then_the_first_conflict() {
     )
     .await
     .unwrap();
-    // A conflict before a bad row: 22023 (until sql/0015 this was OB409).
+    // A conflict before a bad row: 22023.
     let msgs = vec![
         NewMessage::webhook("p1", hook("https://example.com/1")),
         NewMessage::webhook("x0", hook("https://example.com/changed")),
@@ -1087,7 +1087,7 @@ async fn enqueue_many_reports_the_first_invalid_row_then_the_first_conflict() {
 
 /// A batch's arrays have one dimension. A 2x2 batch was read as two rows by the length
 /// check and four by the insert; with a repeated key it could store the key twice over
-/// (or, since sql/0015 until the check, accept one key with two payloads).
+/// (or accept one key with two payloads).
 #[tokio::test]
 async fn enqueue_many_refuses_arrays_of_more_than_one_dimension() {
     let db = TestDb::new().await;
@@ -1126,8 +1126,8 @@ async fn enqueue_many_refuses_arrays_of_more_than_one_dimension() {
 
 /// A stored row purged while a batch waits on another transaction's row: the batch's
 /// insert skipped its key (it was stored), and by its second statement the row is gone. The
-/// row is enqueued again, created, as `outbox.enqueue_row` does; until sql/0015 this path
-/// failed with 42804 (its answer was read into two array elements, which PL/pgSQL does not do).
+/// row is enqueued again, created, as `outbox.enqueue_row` does (its answer is read into one
+/// record: PL/pgSQL does not read it into two array elements).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_many_enqueues_again_a_row_purged_while_it_waited() {
     let db = TestDb::new().await;

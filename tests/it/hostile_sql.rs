@@ -1,4 +1,4 @@
-//! Issue 13: hostile callers of the SQL interface (`sql/0007_enqueue_hardening.sql`).
+//! Hostile callers of the SQL interface (`outbox.validate` and the insert trigger).
 //!
 //! - A role with only the `outbox_app` rights that puts look-alike functions and an `||`
 //!   operator ahead of `pg_catalog` in its `search_path` cannot get past the enqueue rules
@@ -373,7 +373,7 @@ async fn an_infinite_run_after_is_refused_on_every_path_naming_the_field() {
     }
 }
 
-/// Stores rows the way an install before sql/0007 could have: with the insert trigger off
+/// Stores rows the way a hand-made row could be: with the insert trigger off
 /// (as the table's owner), so the new rule does not see them.
 async fn insert_legacy(c: &Client, key: &str, run_after: &str, created_ago_secs: f64) {
     c.batch_execute("ALTER TABLE outbox.messages DISABLE TRIGGER messages_before_insert")

@@ -282,7 +282,7 @@ async fn replay_from_sql_follows_the_same_rules() {
         .await
         .unwrap();
     assert_eq!(rows.len(), 1);
-    // An ambiguous class stays on the replayed row (`sql/0017`): the next attempt comes
+    // An ambiguous class stays on the replayed row: the next attempt comes
     // after one that may have taken effect, and looks up first when it can.
     let r = row(&db, "s:1").await;
     assert_eq!(
@@ -461,7 +461,7 @@ async fn retention_stops_between_batches() {
     assert_eq!(again, 15);
 }
 
-/// Deleting a message deletes its history (sql/0004: triggers, where a foreign key was).
+/// Deleting a message deletes its history (a trigger, not a foreign key).
 #[tokio::test]
 async fn a_message_history_goes_with_it() {
     let db = TestDb::new().await;

@@ -1046,7 +1046,7 @@ async fn a_group_held_up_by_its_dead_head_is_logged_as_deferred_ordering() {
 /// A purge of old dead letters keeps every dead message of an ordering group: the contract
 /// has it block its group until it is replayed or cancelled. Deleting a dead head sent the
 /// next message of its group as if the head had been dealt with; and one with nothing
-/// behind it (sql/0017 let that one go) left its group open to a message enqueued later.
+/// behind it (a replay once let that one go) left its group open to a message enqueued later.
 /// A dead message without an ordering key goes, as any other old dead letter.
 #[tokio::test]
 async fn a_purge_keeps_the_dead_of_an_ordering_group() {

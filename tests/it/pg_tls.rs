@@ -262,7 +262,7 @@ async fn the_daemon_delivers_over_tls_with_every_connection_encrypted() {
         .unwrap();
     let c = admin_client(&cluster).await;
     // Polling once an hour: only the LISTEN connection (over TLS), holding the idle mark
-    // (sql/0005), brings the next message in time.
+    // (`outbox.wake_needed`), brings the next message in time.
     wait_until(
         Duration::from_secs(10),
         "the daemon's LISTEN connection",

@@ -144,7 +144,7 @@ async fn the_application_role_can_enqueue_and_nothing_else() {
         assert!(denied(&err), "{sql}: {err}");
     }
     // A plain INSERT may not set the lease, nor any state but pending or held (since
-    // sql/0009 the role may insert `state`, for held rows; the insert trigger refuses the rest).
+    // the role may insert `state`, for held rows; the insert trigger refuses the rest).
     let err = c
         .batch_execute("INSERT INTO outbox.messages (message_key, channel, payload, lease_owner) VALUES ('x', 'webhook', '{\"url\": \"u\"}', 'w')")
         .await

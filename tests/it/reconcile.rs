@@ -538,7 +538,7 @@ async fn a_bad_reconcile_url_is_invalid_before_any_request() {
         )
         .await;
     }
-    // Shapes the enqueue rules refuse (sql/0009) can only come from rows changed afterwards;
+    // Shapes the enqueue rules refuse can only come from rows changed afterwards;
     // the worker refuses them too.
     let shapes = [
         ("rec:shape:string", json!("https://example.com/l")),
@@ -808,7 +808,7 @@ async fn time_running_out_while_connecting_after_a_lookup_is_transient() {
 
 /// A message dead `ambiguous` and then replayed by an operator is still the message whose
 /// last attempt may have taken effect: the attempt after the replay looks up first, and
-/// here finds that it did (`sql/0017`; the replay used to clear the class, and the request
+/// here finds that it did (the replay used to clear the class, and the request
 /// went out again without asking).
 #[tokio::test]
 async fn a_replayed_ambiguous_message_looks_up_before_sending_again() {

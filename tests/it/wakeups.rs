@@ -1,4 +1,4 @@
-//! Wake-ups (sql/0005): an enqueueing transaction notifies only while a worker is idle, and
+//! Wake-ups (`outbox.wake_needed`): an enqueueing transaction notifies only while a worker is idle, and
 //! no wake-up is lost when a worker becomes idle while such a transaction is still open.
 
 #![allow(clippy::unwrap_used)]

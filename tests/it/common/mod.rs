@@ -641,7 +641,7 @@ pub async fn wait_for_count(c: &Client, state: &str, n: i64, timeout: Duration) 
 
 /// A connection LISTENing on `outbox_messages`, its notifications (channel, payload)
 /// forwarded to a channel in commit order. The connection is driven by `poll_message`, which
-/// is what delivers asynchronous notifications. It does not hold the idle mark (sql/0005):
+/// is what delivers asynchronous notifications. It does not hold the idle mark (`outbox.wake_needed`):
 /// enqueueing transactions notify only while some session does.
 pub async fn listener(
     db: &TestDb,
@@ -669,7 +669,7 @@ pub async fn listener(
     (client, rx)
 }
 
-/// Takes the idle mark of sql/0005 on `client`'s session, as an idle worker's LISTEN
+/// Takes the idle mark (`outbox.wake_needed`) on `client`'s session, as an idle worker's LISTEN
 /// connection does: from then on, every enqueueing transaction notifies at commit.
 pub async fn hold_idle_mark(client: &Client) {
     client
@@ -678,7 +678,7 @@ pub async fn hold_idle_mark(client: &Client) {
         .expect("take the idle mark");
 }
 
-/// How many sessions hold the idle mark of sql/0005: an idle worker's LISTEN connection takes
+/// How many sessions hold the idle mark (`outbox.wake_needed`): an idle worker's LISTEN connection takes
 /// it once it is listening and its claims come back short.
 pub async fn idle_marks(db: &TestDb) -> i64 {
     db.scalar(
