@@ -22,7 +22,7 @@ use crate::model::Channel;
 use crate::model::ErrorClass;
 use crate::queries;
 use crate::retry::RetryPolicy;
-use crate::state::Transition;
+use crate::state::{Budget, Ended, Transition, decide};
 
 /// A message claimed by this worker for one attempt.
 #[derive(Clone)]
@@ -195,22 +195,68 @@ pub async fn claim_cached_as(
     Ok(claimed_rows(rows))
 }
 
-/// Settles up to `limit` expired leases of `channels` ([`queries::SETTLE_EXPIRED`]): each
-/// is an ambiguous attempt, dead-lettered or made `pending` again after `retry`'s backoff.
+/// Settles up to `limit` expired leases of `channels`: each is an ambiguous attempt, and
+/// [`decide`] (the one owner of that rule, as of every other attempt's end) says whether it
+/// is dead-lettered or made `pending` again after `retry`'s backoff, counted from when the
+/// lease ran out. Reads the rows ([`queries::EXPIRED_LEASES`]), decides, and writes the
+/// decisions in one statement fenced by each row's lease token
+/// ([`queries::SETTLE_EXPIRED`]): a row settled or completed meanwhile is left alone.
 pub async fn settle_expired<C: GenericClient>(
     client: &C,
     channels: &[Channel],
     limit: usize,
     retry: &RetryPolicy,
 ) -> Result<Settled, tokio_postgres::Error> {
-    let channels: Vec<&str> = channels.iter().map(|c| c.as_str()).collect();
+    let names: Vec<&str> = channels.iter().map(|c| c.as_str()).collect();
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let schedule = retry.schedule();
-    let params: [(&(dyn ToSql + Sync), Type); 4] = [
-        (&channels, Type::TEXT_ARRAY),
-        (&limit, Type::INT8),
-        (&schedule, Type::FLOAT8_ARRAY),
-        (&RetryPolicy::JITTER, Type::FLOAT8),
+    let expired = client
+        .query_typed(
+            queries::EXPIRED_LEASES,
+            &[(&names, Type::TEXT_ARRAY), (&limit, Type::INT8)],
+        )
+        .await?;
+    if expired.is_empty() {
+        return Ok(Settled::default());
+    }
+    let n = expired.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut tokens: Vec<Uuid> = Vec::with_capacity(n);
+    let mut states = Vec::with_capacity(n);
+    let mut delays = Vec::with_capacity(n);
+    let mut owners: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut started: Vec<SystemTime> = Vec::with_capacity(n);
+    for row in &expired {
+        let budget = Budget {
+            attempt: row.get("attempts"),
+            max_attempts: row.get("max_attempts"),
+            retry_ambiguous: row.get("retry_ambiguous"),
+            reconcile: row.get("reconcile"),
+            after_ambiguous: false,
+        };
+        let t = decide(
+            Ended::Failed(ErrorClass::Ambiguous),
+            budget,
+            retry,
+            None,
+            rand::random(),
+        );
+        ids.push(row.get::<_, i64>("id"));
+        tokens.push(row.get("lease_token"));
+        states.push(t.next_state().as_str());
+        delays.push(match t {
+            Transition::Retry { delay, .. } => delay.as_secs_f64(),
+            _ => 0.0,
+        });
+        owners.push(row.get("lease_owner"));
+        started.push(row.get("started"));
+    }
+    let params: [(&(dyn ToSql + Sync), Type); 6] = [
+        (&ids, Type::INT8_ARRAY),
+        (&tokens, Type::UUID_ARRAY),
+        (&states, Type::TEXT_ARRAY),
+        (&delays, Type::FLOAT8_ARRAY),
+        (&owners, Type::TEXT_ARRAY),
+        (&started, Type::TIMESTAMPTZ_ARRAY),
     ];
     let rows = client.query_typed(queries::SETTLE_EXPIRED, &params).await?;
     let mut settled = Settled::default();
@@ -220,8 +266,8 @@ pub async fn settle_expired<C: GenericClient>(
         let Some(channel) = Channel::parse(channel) else {
             continue;
         };
-        let action: &str = row.get("action");
-        if action == "gave_up" {
+        let state: &str = row.get("state");
+        if state == crate::model::State::Dead.as_str() {
             settled.gave_up.push(GaveUp {
                 id: row.get("id"),
                 key: row.get("message_key"),

@@ -48,22 +48,6 @@ impl RetryPolicy {
     /// `[1 − JITTER, 1]`.
     pub const JITTER: f64 = 0.2;
 
-    /// The delays without jitter, in seconds, after failed attempts 1, 2, … up to the first
-    /// that reaches `max` (every later one is the same): the table `queries::SETTLE_EXPIRED` reads to
-    /// back off a message whose lease expired, so that SQL applies this schedule rather
-    /// than restating it. Never empty.
-    pub fn schedule(&self) -> Vec<f64> {
-        let mut delays = Vec::new();
-        for attempt in 1..=34 {
-            let d = self.delay(attempt, None, 0.0);
-            delays.push(d.as_secs_f64());
-            if d >= self.max {
-                break;
-            }
-        }
-        delays
-    }
-
     /// The delay after failed attempt `attempt` (counting from 1).
     ///
     /// `retry_after` (the provider's `Retry-After`) replaces the computed delay, capped at
@@ -127,26 +111,6 @@ mod tests {
         assert_eq!(p.delay(1, None, -1.0), Duration::from_secs(10));
         assert_eq!(p.delay(1, None, f64::NAN), Duration::from_secs(10));
         assert_eq!(p.delay(1, None, f64::INFINITY), Duration::from_secs(10));
-    }
-
-    #[test]
-    fn the_schedule_lists_each_delay_until_the_cap() {
-        let p = RetryPolicy {
-            base: Duration::from_secs(5),
-            max: Duration::from_secs(60),
-        };
-        assert_eq!(p.schedule(), [5.0, 10.0, 20.0, 40.0, 60.0]);
-        let flat = RetryPolicy {
-            base: Duration::from_secs(0),
-            max: Duration::from_secs(0),
-        };
-        assert_eq!(flat.schedule(), [0.0]);
-        // A cap the doubling never reaches in range still gives a bounded table.
-        let huge = RetryPolicy {
-            base: Duration::from_millis(1),
-            max: Duration::MAX,
-        };
-        assert_eq!(huge.schedule().len(), 34);
     }
 
     #[test]

@@ -13,7 +13,7 @@
 /// gets the next claim's token. (`gen_random_uuid()` per row would go through OpenSSL and
 /// its fork check once for every row.)
 ///
-/// A `running` row whose lease expired is not this statement's: [`SETTLE_EXPIRED`] makes
+/// A `running` row whose lease expired is not this statement's: the lease sweep makes
 /// it `pending` again (or `dead`), and a later claim takes it like any due row. Settling in
 /// every claim cost PostgreSQL 6 % of its instructions per delivery even when no lease had
 /// expired, which is nearly always.
@@ -27,7 +27,7 @@
 /// call per row costs the database far more than the worker's read of the payload it has
 /// fetched anyway.
 ///
-/// Ordering keys (`sql/0012`): a due row with an `ordering_key` is a candidate only when no
+/// Ordering keys: a due row with an `ordering_key` is a candidate only when no
 /// earlier (smaller id) row of its group is `pending` (due or not), `running`, `held` or
 /// `dead`, so a group has at most one message in flight, and its messages go in id order.
 /// The probe is one descent of `messages_ordering_idx` and is made only for rows that have
@@ -40,7 +40,7 @@
 /// either way it skips the next member. Within one statement the head blocks the rest of
 /// its group in the same way, whatever the `LIMIT`. What the snapshot cannot show is a row
 /// not yet committed with a smaller id; the insert trigger rules that out by giving a
-/// keyed row its id only once its group's earlier enqueues have ended (`sql/0012`, 3).
+/// keyed row its id only once its group's earlier enqueues have ended (`outbox.ordering_turn`).
 ///
 /// Shape: ids reach the `UPDATE` as an array (`id = ANY(ARRAY(...))`), so it is an index
 /// scan on the primary key whatever the table holds. (Joining an `UPDATE` to a CTE of
@@ -68,80 +68,68 @@ RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts
           m.max_attempts, m.retry_ambiguous, m.lease_token, m.error_class
 "#;
 
-/// Settle expired leases: up to `$2` `running` rows of the channels `$1` whose lease ran
-/// out, in `run_after, id` order, in one short committed statement. The daemon runs it
-/// beside the claim loop once per poll interval, and again at once while it comes back
-/// full (`worker::sweep`).
+/// Expired leases: up to `$2` `running` rows of the channels `$1` whose lease ran out, in
+/// `run_after, id` order, with what deciding their fate needs. The daemon's lease sweep
+/// reads them once per poll interval, and again at once while it comes back full
+/// (`worker::sweep`); `state::decide` settles each ([`SETTLE_EXPIRED`] writes it).
 ///
 /// A `running` row whose lease expired (its worker died or stalled) is an attempt whose
-/// outcome is unknown: an ambiguous failure, recorded as such in the history, and settled by
-/// `decide`'s rule for one, which `outbox.on_lease_expiry` states (`sql/0008`; since
-/// `sql/0010` with the fact `outbox.reconcilable`, whether the payload names a lookup):
-/// * `dead` (the message neither allows ambiguous retries nor names a lookup, or that was
-///   its last attempt):
-///   dead-lettered here, class `ambiguous`, history outcome `dead`, returned with
-///   `action = 'gave_up'`;
-/// * `pending`: it waits the retry backoff `decide` would have applied, counted from the
-///   moment the lease ran out (`$3`, the schedule's delays in seconds by attempt number,
-///   its last element repeated beyond; `$4`, the share the jitter may take off: both from
-///   [`crate::retry::RetryPolicy`]), history outcome `lease_lost`, returned with
-///   `action = 'deferred'`. A later claim sends it again, under a fresh lease. (Re-sending
-///   at once, as before, hammered a receiver that was slow enough to outlast a lease.)
+/// outcome is unknown: an ambiguous failure. No lock is taken: the write is fenced by the
+/// lease token read here, so a row another sweep settled meanwhile (or that a late worker
+/// completed) is left as it is.
 ///
-/// Returns one row per settled message: `id, message_key, channel, attempts (the number of
-/// the attempt whose lease expired), max_attempts, action, retry_in` (seconds, for
-/// `deferred` rows).
+/// Returns `id, message_key, channel, attempts (the attempt whose lease expired),
+/// max_attempts, retry_ambiguous, reconcile (the payload names a lookup), lease_token,
+/// lease_owner, started (the claim's time)`.
+pub const EXPIRED_LEASES: &str = r#"
+SELECT id, message_key, channel, attempts, max_attempts, retry_ambiguous,
+       outbox.reconcilable(channel, payload) AS reconcile, lease_token, lease_owner,
+       updated_at AS started
+FROM outbox.messages
+WHERE state = 'running' AND lease_expires_at <= now() AND channel = ANY($1::text[])
+ORDER BY run_after, id
+LIMIT $2
+"#;
+
+/// Settle expired leases as `state::decide` settled them: parallel arrays, one element per
+/// row of [`EXPIRED_LEASES`]: `$1` ids, `$2` lease tokens, `$3` the next state (`dead` or
+/// `pending`), `$4` the retry delay in seconds (for `pending`: due that long after the lease
+/// ran out), `$5` the lease owners and `$6` the claims' times (for the history).
 ///
-/// Shape: as [`CLAIM`]'s, ids reach each `UPDATE` as an array. The two `UPDATE`s take
-/// disjoint rows (one asks the rule for `dead`, the other for `pending`), and the history
-/// insert reads the expired rows as they were locked (lease owner, start).
+/// Each row is changed only if it still holds that lease token and is still `running` with
+/// its lease expired; its history gets the attempt, outcome `dead` or `lease_lost`, class
+/// `ambiguous`. Returns one row per message settled: `id, message_key, channel, attempts,
+/// max_attempts, state, retry_in` (seconds until it is due, for `pending`).
 pub const SETTLE_EXPIRED: &str = r#"
-WITH expired AS (
-    SELECT id, lease_owner, updated_at FROM outbox.messages
-    WHERE state = 'running' AND lease_expires_at <= now() AND channel = ANY($1::text[])
-    ORDER BY run_after, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), given_up AS (
+WITH i AS (
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[],
+                         $5::text[], $6::timestamptz[])
+        AS i(id, token, state, delay, owner, started)
+), settled AS (
     UPDATE outbox.messages m SET
-        state = 'dead', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        state = i.state, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        run_after = CASE WHEN i.state = 'pending'
+                         THEN m.lease_expires_at + make_interval(secs => i.delay)
+                         ELSE m.run_after END,
         error_class = 'ambiguous',
         last_error = 'lease expired while running: the attempt may have taken effect',
-        dead_at = now(), updated_at = now()
-    WHERE m.id = ANY(ARRAY(SELECT id FROM expired))
-      AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
-                                 outbox.reconcilable(m.channel, m.payload)) = 'dead'
-    RETURNING m.id, m.message_key, m.channel, m.attempts, m.max_attempts
-), deferred AS (
-    UPDATE outbox.messages m SET
-        state = 'pending', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-        run_after = m.lease_expires_at + make_interval(secs =>
-            ($3::float8[])[least(greatest(m.attempts, 1), cardinality($3::float8[]))]
-            * (1 - $4::float8 * random())),
-        error_class = 'ambiguous',
-        last_error = 'lease expired while running: the attempt may have taken effect',
+        dead_at = CASE WHEN i.state = 'dead' THEN now() END,
         updated_at = now()
-    WHERE m.id = ANY(ARRAY(SELECT id FROM expired))
-      AND outbox.on_lease_expiry(m.retry_ambiguous, m.attempts, m.max_attempts,
-                                 outbox.reconcilable(m.channel, m.payload)) = 'pending'
-    RETURNING m.id, m.message_key, m.channel, m.attempts, m.max_attempts,
+    FROM i
+    WHERE m.id = i.id AND m.lease_token = i.token AND m.state = 'running'
+      AND m.lease_expires_at <= now()
+    RETURNING m.id, m.message_key, m.channel, m.attempts, m.max_attempts, i.state,
+              i.owner, i.started,
               greatest(extract(epoch FROM m.run_after - now()), 0)::float8 AS retry_in
 ), lost AS (
     INSERT INTO outbox.attempts
         (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
-    SELECT s.id, s.attempts, e.lease_owner, e.updated_at, now(), s.outcome,
+    SELECT id, attempts, owner, started, now(),
+           CASE state WHEN 'dead' THEN 'dead' ELSE 'lease_lost' END,
            'ambiguous', 'lease expired while running: the attempt may have taken effect'
-    FROM (SELECT id, attempts, 'dead' AS outcome FROM given_up
-          UNION ALL
-          SELECT id, attempts, 'lease_lost' FROM deferred) s
-    JOIN expired e ON e.id = s.id
+    FROM settled
 )
-SELECT id, message_key, channel, attempts, max_attempts, NULL::float8 AS retry_in,
-       'gave_up' AS action
-FROM given_up
-UNION ALL
-SELECT id, message_key, channel, attempts, max_attempts, retry_in, 'deferred'
-FROM deferred
+SELECT id, message_key, channel, attempts, max_attempts, state, retry_in FROM settled
 "#;
 
 /// The part of [`COMPLETE`] and [`COMPLETE_AGAIN`] before their `INSERT`: the input

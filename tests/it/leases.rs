@@ -882,11 +882,11 @@ async fn a_worker_whose_lease_fits_no_attempt_refuses_to_run() {
     );
 }
 
-/// The lease sweep and `decide` state one rule: for every (retry_ambiguous, attempts,
-/// max_attempts), `outbox.on_lease_expiry` (which `queries::SETTLE_EXPIRED` asks) gives the
-/// state `decide(Some(Ambiguous), …)` leads to, and the sweep itself writes it.
+/// The lease sweep settles each expired lease as `decide` settles an ambiguous failure (it
+/// asks `decide`): dead-lettered, or `pending` and due at the lease's expiry plus the delay
+/// `decide` gives, for each kind of expired row.
 #[tokio::test]
-async fn lease_expiry_sql_agrees_with_the_state_machine() {
+async fn the_lease_sweep_writes_what_decide_says() {
     use outboxd::retry::RetryPolicy;
     use outboxd::state::{Budget, decide};
     let db = TestDb::new().await;
@@ -895,60 +895,6 @@ async fn lease_expiry_sql_agrees_with_the_state_machine() {
         base: Duration::from_secs(5),
         max: Duration::from_secs(900),
     };
-    for retry_ambiguous in [false, true] {
-        for max_attempts in 1..=4 {
-            for attempts in 1..=max_attempts + 1 {
-                let budget = Budget {
-                    attempt: attempts,
-                    max_attempts,
-                    retry_ambiguous,
-                    reconcile: false,
-                    after_ambiguous: false,
-                };
-                let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
-                let got: String = client
-                    .query_one(
-                        "SELECT outbox.on_lease_expiry($1, $2, $3)",
-                        &[&retry_ambiguous, &attempts, &max_attempts],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
-                assert_eq!(got, want.next_state().as_str(), "{budget:?}");
-                if let Transition::Dead { class } = want {
-                    assert_eq!(class, ErrorClass::Ambiguous, "{budget:?}");
-                }
-            }
-        }
-    }
-    // The overload with the reconcile fact (sql/0010), which the sweep asks: a message that
-    // names a lookup goes on to another attempt (which asks first) without retry_ambiguous.
-    for retry_ambiguous in [false, true] {
-        for reconcile in [false, true] {
-            for max_attempts in 1..=4 {
-                for attempts in 1..=max_attempts + 1 {
-                    let budget = Budget {
-                        attempt: attempts,
-                        max_attempts,
-                        retry_ambiguous,
-                        reconcile,
-                        after_ambiguous: false,
-                    };
-                    let want = decide(Some(ErrorClass::Ambiguous), budget, &policy, None, 0.0);
-                    let got: String = client
-                        .query_one(
-                            "SELECT outbox.on_lease_expiry($1, $2, $3, $4)",
-                            &[&retry_ambiguous, &attempts, &max_attempts, &reconcile],
-                        )
-                        .await
-                        .unwrap()
-                        .get(0);
-                    assert_eq!(got, want.next_state().as_str(), "{budget:?}");
-                }
-            }
-        }
-    }
-    // And the sweep writes what the rule says, for each kind of expired row.
     // A retried one is due at its lease's expiry plus the delay decide gives, within the
     // jitter (the expiry is pinned to a past instant, so the difference is exact).
     let plain = r#"{"url": "https://example.com/"}"#;
