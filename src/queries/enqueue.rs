@@ -1,7 +1,7 @@
 //! The application's statements: enqueue one or many, and look a key up.
 
-/// Enqueue one message; the rules are those of `outbox.enqueue_row` (see
-/// `sql/0001_outbox.sql`, `sql/0009` and `sql/0012`); `$7` held, `$8` ordering key or NULL.
+/// Enqueue one message; the rules are those of `outbox.enqueue_row` (in
+/// `sql/0001_baseline.sql`); `$7` held, `$8` ordering key or NULL.
 /// Returns `id, created`.
 pub const ENQUEUE: &str = r#"
 SELECT id, created FROM outbox.enqueue_row($1::text, $2::text, $3::jsonb,
