@@ -161,7 +161,7 @@ async fn main() -> anyhow::Result<()> {
         "  - dead letters:    SELECT id, message_key, error_class, last_error FROM outbox.messages WHERE state = 'dead';"
     );
     println!(
-        "  - README.md for the SQL and Rust APIs, the CLI and the configuration; ARCHITECTURE.md for the code map."
+        "  - docs/ for the SQL and Rust APIs, the CLI and the configuration (docs/README.md is the index); ARCHITECTURE.md for the code map."
     );
     let mails_ok = external_smtp.is_some() || mails.lock().unwrap().len() == 1;
     if rolled_back_sent || rows.len() != 4 || !mails_ok || replayed_state != "delivered" {
