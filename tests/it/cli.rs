@@ -217,7 +217,11 @@ async fn migrate_twice_exits_0() {
     let url = db.url();
     let first = run(outboxd(Some(&url)).arg("migrate"));
     assert_eq!(first.code, Some(0), "{:?}", first.stderr);
-    assert!(first.stdout.contains("0001_baseline.sql"), "{}", first.stdout);
+    assert!(
+        first.stdout.contains("0001_baseline.sql"),
+        "{}",
+        first.stdout
+    );
     let second = run(outboxd(Some(&url)).arg("migrate"));
     assert_eq!(second.code, Some(0), "{:?}", second.stderr);
     assert!(!second.stdout.contains("applied 0001"), "{}", second.stdout);

@@ -1428,27 +1428,34 @@ async fn a_row_that_changed_state_after_the_confirmation_page_is_not_touched() {
     assert_eq!(crate::common::row(&db, "seen:b").await.state, "dead");
 
     // Replayed and dead again between the page and the button: another failure, another
-    // decision.
-    let fields = confirm(vec![
-        ("do", "cancel:selected".into()),
-        ("id", b.to_string()),
-    ])
-    .await;
-    outboxd::ops::replay(&mut c, &replay(b), "cli:bob", false)
+    // decision. Cancel holds to what it showed, and so does replay: shown dead `permanent`,
+    // replayed from the CLI meanwhile and dead `ambiguous` now, it is not replayed (and
+    // sent) once more.
+    for (verb, class_now, done) in [
+        ("cancel", "permanent", "cancelled"),
+        ("replay", "ambiguous", "replayed"),
+    ] {
+        let fields = confirm(vec![
+            ("do", format!("{verb}:selected")),
+            ("id", b.to_string()),
+        ])
+        .await;
+        outboxd::ops::replay(&mut c, &replay(b), "cli:bob", false)
+            .await
+            .unwrap();
+        c.execute(
+            "UPDATE outbox.messages SET state = 'dead', dead_at = now(), updated_at = now(), \
+             error_class = $2 WHERE id = $1",
+            &[&b, &class_now],
+        )
         .await
         .unwrap();
-    c.execute(
-        "UPDATE outbox.messages SET state = 'dead', dead_at = now(), updated_at = now(), \
-         error_class = 'permanent' WHERE id = $1",
-        &[&b],
-    )
-    .await
-    .unwrap();
-    refused(
-        fields,
-        format!("message {b} changed since it was shown, and is dead again; nothing cancelled"),
-    )
-    .await;
+        refused(
+            fields,
+            format!("message {b} changed since it was shown, and is dead again; nothing {done}"),
+        )
+        .await;
+    }
     let before = snapshot(&db).await;
 
     // A forged state is a bad request, and changes nothing either.
@@ -1482,29 +1489,6 @@ async fn a_row_that_changed_state_after_the_confirmation_page_is_not_touched() {
     assert!(!page.contains('\u{1b}'), "{page}");
     assert!(!page.contains(&"x".repeat(100)), "{}", error_line(&page));
     assert_eq!(snapshot(&db).await, before);
-
-    // A replay holds to what it showed too: shown dead `permanent`, replayed from the CLI
-    // meanwhile and dead `ambiguous` now, it is not replayed (and sent) once more.
-    let fields = confirm(vec![
-        ("do", "replay:selected".into()),
-        ("id", b.to_string()),
-    ])
-    .await;
-    outboxd::ops::replay(&mut c, &replay(b), "cli:bob", false)
-        .await
-        .unwrap();
-    c.execute(
-        "UPDATE outbox.messages SET state = 'dead', dead_at = now(), updated_at = now(), \
-         error_class = 'ambiguous' WHERE id = $1",
-        &[&b],
-    )
-    .await
-    .unwrap();
-    refused(
-        fields,
-        format!("message {b} changed since it was shown, and is dead again; nothing replayed"),
-    )
-    .await;
 }
 
 /// An action on rows another transaction holds gives up within the console's lock timeout

@@ -15,25 +15,10 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn markdown_under(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            markdown_under(&p, out);
-        } else if p.extension().is_some_and(|e| e == "md") {
-            out.push(p);
-        }
-    }
-}
-
 /// README.md and every page under `docs/` (the pages whose snippets must work).
 fn user_pages() -> Vec<PathBuf> {
     let mut pages = vec![root().join("README.md")];
-    markdown_under(&root().join("docs"), &mut pages);
+    pages.extend(crate::common::files_under(&root().join("docs"), "md"));
     pages
 }
 

@@ -40,21 +40,6 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|e| e == "rs") {
-            out.push(p);
-        }
-    }
-}
-
 /// One source file as lines: the code of each line (comments and literals blanked) and the
 /// string literals that start on it, and whether the line is test code.
 struct Line {
@@ -72,7 +57,7 @@ struct Source {
 
 fn sources(under: &str) -> Vec<Source> {
     let mut files = Vec::new();
-    rust_files(&root().join(under), &mut files);
+    files.extend(crate::common::files_under(&root().join(under), "rs"));
     files
         .iter()
         .map(|p| {
@@ -590,7 +575,7 @@ fn the_console_escapes_everything_and_holds_no_sql() {
 #[test]
 fn no_file_is_over_the_line_limit() {
     let mut files = Vec::new();
-    rust_files(&root().join("src"), &mut files);
+    files.extend(crate::common::files_under(&root().join("src"), "rs"));
     let mut problems = Vec::new();
     for p in files {
         let n = std::fs::read_to_string(&p).unwrap().lines().count();

@@ -696,3 +696,22 @@ pub async fn wait_for_idle_marks(db: &TestDb, n: i64, what: &str) {
     })
     .await;
 }
+
+/// The files under `dir` whose name ends in `.ext`, at any depth, in path order (the tidy
+/// and docs tests read the tree with it).
+pub fn files_under(dir: &std::path::Path, ext: &str) -> Vec<std::path::PathBuf> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    let mut out = Vec::new();
+    for p in entries {
+        if p.is_dir() {
+            out.extend(files_under(&p, ext));
+        } else if p.extension().is_some_and(|e| e == ext) {
+            out.push(p);
+        }
+    }
+    out
+}
