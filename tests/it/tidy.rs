@@ -5,7 +5,7 @@
 //! literals, and treats everything from a `#[cfg(test)]` line to the end of the file as test
 //! code (test modules sit at the end of their file in this crate).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// `.unwrap()` / `.expect(` kept in non-test code of `src/`: (file, text on the line, why it
 /// cannot fail). Empty today: every one outside `#[cfg(test)]` was replaced by handling.
