@@ -269,3 +269,33 @@ impl Ready<'_> {
         }
     }
 }
+
+/// A payload as an operator may see it (`outboxd show`, the console), keeping no more than
+/// the logs and `outbox.attempts` do: each channel redacts its own members
+/// ([`webhook::redact`], [`email::redact`]). A payload that is not a JSON object is not
+/// shown at all.
+pub fn redact_payload(channel: Channel, mut payload: serde_json::Value) -> serde_json::Value {
+    let Some(fields) = payload.as_object_mut() else {
+        return serde_json::Value::String("[redacted]".into());
+    };
+    match channel {
+        Channel::Webhook => webhook::redact::redact(fields),
+        Channel::Email => email::redact::redact(fields),
+    }
+    payload
+}
+
+/// A payload's `headers` as shown: the names kept, every value `[redacted]`.
+fn redact_headers(headers: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match headers {
+        Value::Object(mut headers) => {
+            for v in headers.values_mut() {
+                *v = Value::String("[redacted]".into());
+            }
+            Value::Object(headers)
+        }
+        Value::Null => Value::Null,
+        _ => Value::String("[redacted]".into()),
+    }
+}

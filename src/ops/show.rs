@@ -130,101 +130,13 @@ pub fn next_steps(id: i64, state: &str, error_class: Option<&str>) -> Vec<NextSt
     }
 }
 
-/// The payload as `outboxd show` prints it, keeping no more than the logs and
-/// `outbox.attempts` do (README, "Logs"):
-///
-/// * every header value is `[redacted]` (the names are kept);
-/// * a webhook's `url` (and its `reconcile.url`) is reduced to its scheme, host and port,
-///   as errors name a destination: no user name or password, path, query or fragment
-///   (tokens sit there); `/[redacted]` marks that there was more. A URL that does not parse
-///   is not shown at all;
-/// * an e-mail shows no address, subject or body: each field becomes a count
-///   (`[redacted: 2 addresses]`, `[redacted: 42 characters]`).
-///
-/// A webhook's `body` and `method` are shown: an operator needs them to judge a replay;
-/// so are the names the worker reads (`secret`, the signing secret's name, and
-/// `store_response`). `reconcile`'s members other than its URL, and members the worker
-/// does not read, are `[redacted]`.
-pub fn redact_payload(channel: &str, mut payload: serde_json::Value) -> serde_json::Value {
-    use serde_json::Value;
-    let Some(fields) = payload.as_object_mut() else {
-        return Value::String("[redacted]".into());
-    };
-    for (name, value) in fields.iter_mut() {
-        *value = match (name.as_str(), value.take()) {
-            ("headers", Value::Object(mut headers)) => {
-                for v in headers.values_mut() {
-                    *v = Value::String("[redacted]".into());
-                }
-                Value::Object(headers)
-            }
-            ("headers", Value::Null) => Value::Null,
-            ("headers", _) => Value::String("[redacted]".into()),
-            ("url", url) if channel == "webhook" => Value::String(redact_url(&url)),
-            // The reconciliation lookup's URL carries tokens as often as the main one.
-            // Its other members are the provider's settings, which may be tokens too.
-            ("reconcile", Value::Object(mut r)) if channel == "webhook" => {
-                for (k, v) in r.iter_mut() {
-                    *v = if k == "url" {
-                        Value::String(redact_url(v))
-                    } else {
-                        Value::String("[redacted]".into())
-                    };
-                }
-                Value::Object(r)
-            }
-            // What the worker reads and an operator needs to judge a replay, in the shapes
-            // the worker takes (anything else is refused as invalid, and may hold a token:
-            // a reconcile URL written as a bare string). Anything else the application put
-            // there is the worker's to ignore, and may be a token too.
-            ("body", v) if channel == "webhook" => v,
-            ("method" | "secret", v @ Value::String(_)) if channel == "webhook" => v,
-            ("store_response", v @ Value::Bool(_)) if channel == "webhook" => v,
-            (_, Value::Null) if channel == "webhook" => Value::Null,
-            (_, _) if channel == "webhook" => Value::String("[redacted]".into()),
-            (_, Value::Null) => Value::Null,
-            ("from" | "to" | "cc" | "bcc" | "reply_to", v) => {
-                let n = match &v {
-                    Value::Array(a) => a.len(),
-                    _ => 1,
-                };
-                Value::String(format!(
-                    "[redacted: {n} address{}]",
-                    if n == 1 { "" } else { "es" }
-                ))
-            }
-            (_, Value::String(text)) => {
-                let n = text.chars().count();
-                Value::String(format!(
-                    "[redacted: {n} character{}]",
-                    if n == 1 { "" } else { "s" }
-                ))
-            }
-            (_, _) => Value::String("[redacted]".into()),
-        };
+/// The payload as `outboxd show` prints it: as its channel redacts it
+/// ([`crate::deliver::redact_payload`]); a channel this build does not know shows nothing.
+pub fn redact_payload(channel: &str, payload: serde_json::Value) -> serde_json::Value {
+    match crate::model::Channel::parse(channel) {
+        Some(channel) => crate::deliver::redact_payload(channel, payload),
+        None => serde_json::Value::String("[redacted]".into()),
     }
-    payload
-}
-
-/// A webhook URL as errors and logs name its destination: `scheme://host[:port]/`, and
-/// `[redacted]` after it when the URL had a path, query or fragment.
-fn redact_url(url: &serde_json::Value) -> String {
-    let Some(text) = url.as_str() else {
-        return "[redacted: not a string]".into();
-    };
-    let Ok(parsed) = url::Url::parse(text) else {
-        return "[redacted: not a valid URL]".into();
-    };
-    let Some(host) = parsed.host_str() else {
-        return format!("{}:[redacted]", parsed.scheme());
-    };
-    let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
-    let more = parsed.path() != "/" || parsed.query().is_some() || parsed.fragment().is_some();
-    format!(
-        "{}://{host}{port}/{}",
-        parsed.scheme(),
-        if more { "[redacted]" } else { "" }
-    )
 }
 
 /// Shown in place of a JSON value that cannot be read: `jsonb` takes any depth, and

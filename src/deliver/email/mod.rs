@@ -46,6 +46,7 @@
 pub mod mime;
 pub mod payload;
 pub mod pool;
+pub mod redact;
 pub mod reply;
 pub mod session;
 pub mod settings;

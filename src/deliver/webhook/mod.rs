@@ -16,6 +16,7 @@ pub mod client;
 pub mod destination;
 pub mod payload;
 pub mod reconcile;
+pub mod redact;
 pub mod settings;
 pub mod signing;
 pub mod urls;
