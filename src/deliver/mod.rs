@@ -299,3 +299,87 @@ fn redact_headers(headers: serde_json::Value) -> serde_json::Value {
         _ => Value::String("[redacted]".into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The payload as a channel named by its stored text redacts it.
+    fn redact_payload(channel: &str, payload: serde_json::Value) -> serde_json::Value {
+        super::redact_payload(Channel::parse(channel).expect("a channel"), payload)
+    }
+
+    #[test]
+    fn payloads_are_redacted_as_the_logs_name_things() {
+        let p = serde_json::json!({"url": "https://u:pw@x.example/hooks/a?token=t0k", "headers": {"Authorization": "Bearer s3cret"}, "body": 1});
+        let r = redact_payload("webhook", p);
+        assert_eq!(r["headers"]["Authorization"], "[redacted]");
+        assert_eq!(r["url"], "https://x.example/[redacted]");
+        assert_eq!(r["body"], 1);
+        for (url, shown) in [
+            (
+                "http://TOKEN@h.example/p?q=SECRET",
+                "http://h.example/[redacted]",
+            ),
+            ("http://h.example:8080", "http://h.example:8080/"),
+            ("https://h.example/", "https://h.example/"),
+            ("https://h.example/#frag", "https://h.example/[redacted]"),
+            ("http://[::1]:9/x", "http://[::1]:9/[redacted]"),
+            (
+                "http://bad host/?token=SECRET",
+                "[redacted: not a valid URL]",
+            ),
+            ("mailto:SECRET@h.example", "mailto:[redacted]"),
+        ] {
+            let r = redact_payload("webhook", serde_json::json!({ "url": url }));
+            assert_eq!(r["url"], shown, "{url}");
+        }
+        // The lookup's settings and members the worker does not read may be tokens.
+        let r = redact_payload(
+            "webhook",
+            serde_json::json!({"url": "https://h.example/", "method": "PUT", "secret": "billing",
+                "store_response": true, "token": "SECRET", "extra": {"k": "SECRET"}, "none": null,
+                "reconcile": {"url": "https://l.example/ops?t=SECRET", "token": "SECRET", "n": 5}}),
+        );
+        assert_eq!(
+            r,
+            serde_json::json!({"url": "https://h.example/", "method": "PUT", "secret": "billing",
+                "store_response": true, "token": "[redacted]", "extra": "[redacted]", "none": null,
+                "reconcile": {"url": "https://l.example/[redacted]", "token": "[redacted]",
+                    "n": "[redacted]"}})
+        );
+        // In shapes the worker refuses, each is hidden too.
+        let r = redact_payload(
+            "webhook",
+            serde_json::json!({"reconcile": "https://l.example/ops?t=SECRET",
+                "method": {"t": "SECRET"}, "secret": ["SECRET"], "store_response": "SECRET"}),
+        );
+        assert_eq!(
+            r,
+            serde_json::json!({"reconcile": "[redacted]", "method": "[redacted]",
+                "secret": "[redacted]", "store_response": "[redacted]"})
+        );
+        let r = redact_payload(
+            "webhook",
+            serde_json::json!({"url": {"token": "SECRET"}, "headers": "SECRET"}),
+        );
+        assert_eq!(
+            r,
+            serde_json::json!({"url": "[redacted: not a string]", "headers": "[redacted]"})
+        );
+        let r = redact_payload(
+            "email",
+            serde_json::json!({"from": "A <a@x.example>", "to": ["b@x.example", "c@x.example"],
+                "cc": [], "bcc": null, "reply_to": "r@x.example", "subject": "Hi there",
+                "text": "T", "html": "<p>H</p>", "headers": {"X-Trace": "SECRET"}, "other": {"k": 1}}),
+        );
+        assert_eq!(
+            r,
+            serde_json::json!({"from": "[redacted: 1 address]", "to": "[redacted: 2 addresses]",
+                "cc": "[redacted: 0 addresses]", "bcc": null, "reply_to": "[redacted: 1 address]",
+                "subject": "[redacted: 8 characters]", "text": "[redacted: 1 character]",
+                "html": "[redacted: 8 characters]", "headers": {"X-Trace": "[redacted]"},
+                "other": "[redacted]"})
+        );
+    }
+}

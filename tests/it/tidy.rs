@@ -829,3 +829,54 @@ fn no_import_circle() {
         .collect();
     report(&problems, "import circles");
 }
+
+/// (j) A payload's shape belongs to its channel: outside `src/deliver/` no non-test code
+/// names a payload member (`"url"`, `"reconcile"`, …) as a string, so reading, checking,
+/// routing and redacting a payload each stay with the channel that owns it. (SQL in
+/// `src/queries/` reads members with `->>'…'`, single quotes, and is SQL's to own.)
+#[test]
+fn payload_members_are_named_only_by_their_channel() {
+    const MEMBERS: &[&str] = &[
+        "url",
+        "reconcile",
+        "store_response",
+        "headers",
+        "body",
+        "method",
+        "secret",
+        "reply_to",
+        "bcc",
+        "subject",
+        "html",
+    ];
+    // (file, literal): a name that is not a payload member there.
+    const ELSEWHERE: &[(&str, &str)] = &[
+        // The name of a pre-release migration file, not a payload member.
+        ("src/migrate.rs", "reconcile"),
+        // The fact "names a lookup": a field of a claimed row and a column the sweep reads.
+        ("src/claim.rs", "reconcile"),
+        // The log's name for the lookup step of an attempt.
+        ("src/worker/attempt.rs", "reconcile"),
+    ];
+    let mut problems = Vec::new();
+    for src in sources("src") {
+        if src.rel.starts_with("src/deliver/") {
+            continue;
+        }
+        for line in src.lines.iter().filter(|l| !l.test) {
+            for lit in &line.literals {
+                if MEMBERS.contains(&lit.as_str())
+                    && !ELSEWHERE.contains(&(src.rel.as_str(), lit.as_str()))
+                {
+                    problems.push(format!(
+                        "{}:{}: the payload member \"{lit}\" named outside src/deliver/ (the channel owns its payload's shape)\n    {}",
+                        src.rel,
+                        line.number,
+                        line.text.trim()
+                    ));
+                }
+            }
+        }
+    }
+    report(&problems, "payload members outside their channel");
+}
