@@ -12,13 +12,12 @@ use outboxd::logging::init_logging;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// `eprintln!` that ignores a closed stderr: the exit code still tells what happened, where
-/// `eprintln!` would panic and exit 101 instead.
+/// `eprintln!` through [`outboxd::cli::say`]: a closed stderr is ignored, so the exit code
+/// still tells what happened.
 macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        outboxd::cli::say(format_args!($($arg)*))
+    };
 }
 
 /// The command line, parsed.

@@ -26,13 +26,13 @@ macro_rules! out_part {
     }};
 }
 
-/// `eprintln!` that ignores a closed stderr (a log shipper that died must not turn a
-/// progress line into a panic).
-macro_rules! err_out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
-    }};
+/// Writes one line to stderr, as `eprintln!` would, but ignores a closed or failing stderr
+/// (a log shipper that died): a progress or error line must not become a panic, which would
+/// also replace the exit code that tells what happened. The binary's `main` writes its
+/// error lines through it too.
+pub fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 mod args;

@@ -402,7 +402,7 @@ pub(super) async fn purge(args: PurgeArgs, env: &Env) -> Result<(), CliError> {
     crate::config::assemble::check_purge_age(args.older_than)?;
     let client = connect(env).await?;
     let total = crate::ops::purge(&client, args.older_than, args.include_dead, 1000, |n| {
-        err_out!("purged {n} message(s) so far");
+        super::say(format_args!("purged {n} message(s) so far"));
     })
     .await
     .map_err(|e| db_failed("purge failed", &e))?;
