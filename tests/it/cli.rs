@@ -415,16 +415,7 @@ async fn status_json_has_the_contract_shape_and_counts() {
         ("e1", "email", r#"{"to":["a@example.com"],"text":"hi"}"#),
         ("e2", "email", r#"{"to":["b@example.com"],"text":"hi"}"#),
     ] {
-        let out = run(outboxd(Some(&url)).args([
-            "enqueue",
-            "--key",
-            key,
-            "--channel",
-            channel,
-            "--payload",
-            payload,
-        ]));
-        assert_eq!(out.code, Some(0), "{key}: {:?}", out.stderr);
+        enqueue_from_the_cli(&url, key, channel, payload);
     }
     // A message not yet due does not count towards the oldest due age.
     let out = run(outboxd(Some(&url)).args([
@@ -885,16 +876,7 @@ async fn status_shows_each_channels_due_messages_and_the_oldest_age() {
         ("e1", "email", r#"{"to":["a@example.com"],"text":"hi"}"#),
         ("e2", "email", r#"{"to":["b@example.com"],"text":"hi"}"#),
     ] {
-        let out = run(outboxd(Some(&url)).args([
-            "enqueue",
-            "--key",
-            key,
-            "--channel",
-            channel,
-            "--payload",
-            payload,
-        ]));
-        assert_eq!(out.code, Some(0), "{key}: {:?}", out.stderr);
+        enqueue_from_the_cli(&url, key, channel, payload);
     }
     db.client()
         .await
@@ -1022,4 +1004,18 @@ async fn deeply_nested_payloads_get_the_same_answer_from_the_cli_and_from_sql() 
         n, 4,
         "the 200- and 5000-deep payloads are stored from the CLI"
     );
+}
+
+/// `outboxd enqueue --key KEY --channel CHANNEL --payload PAYLOAD`, which must succeed.
+fn enqueue_from_the_cli(url: &str, key: &str, channel: &str, payload: &str) {
+    let out = run(outboxd(Some(url)).args([
+        "enqueue",
+        "--key",
+        key,
+        "--channel",
+        channel,
+        "--payload",
+        payload,
+    ]));
+    assert_eq!(out.code, Some(0), "{key}: {:?}", out.stderr);
 }

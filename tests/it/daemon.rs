@@ -398,6 +398,14 @@ fn with_closed_stderr(database_url: &str, args: &[&str], extra_env: &[(&str, &st
     child
 }
 
+/// Sends SIGTERM and waits (20 s at most) for the process to exit: its exit code.
+async fn terminated(child: Child) -> Option<i32> {
+    signal(&child, "TERM");
+    tokio::task::spawn_blocking(move || exit_code_within(child, Duration::from_secs(20)))
+        .await
+        .unwrap()
+}
+
 /// Waits for the process to exit (bounded) and returns its exit code.
 fn exit_code_within(mut child: Child, timeout: Duration) -> Option<i32> {
     let deadline = Instant::now() + timeout;
@@ -451,11 +459,7 @@ async fn a_closed_stderr_costs_no_record_and_no_shutdown() {
             },
         )
         .await;
-        signal(&child, "TERM");
-        let code =
-            tokio::task::spawn_blocking(move || exit_code_within(child, Duration::from_secs(20)))
-                .await
-                .unwrap();
+        let code = terminated(child).await;
         assert_eq!(code, Some(0), "{format}: SIGTERM ends the worker cleanly");
     }
 }
@@ -472,12 +476,7 @@ async fn a_console_with_a_closed_stderr_serves_and_stops() {
         async move { http_get(&addr, "/signin").await.is_some() }
     })
     .await;
-    signal(&child, "TERM");
-    let code =
-        tokio::task::spawn_blocking(move || exit_code_within(child, Duration::from_secs(20)))
-            .await
-            .unwrap();
-    assert_eq!(code, Some(0));
+    assert_eq!(terminated(child).await, Some(0));
 }
 
 /// A retry's log line says when the next attempt comes: `next_attempt_in` (the delay, as a
