@@ -70,13 +70,18 @@ pub const PRE_BASELINE: [&str; 19] = [
     "replay_row_without_the_old_error",
 ];
 
-/// Is `recorded` exactly the whole pre-release history, by number and name?
-fn is_whole_pre_baseline(recorded: &[(i32, String, String)]) -> bool {
-    recorded.len() == PRE_BASELINE.len()
-        && recorded
-            .iter()
-            .zip(PRE_BASELINE.iter().enumerate())
-            .all(|((v, n, _), (i, want))| *v as usize == i + 1 && n == want)
+/// Is `history` (`(version, name)` in version order) exactly the whole pre-release history, by number and name?
+fn is_whole_pre_baseline(history: &[(i32, String)]) -> bool {
+    history.len() == PRE_BASELINE.len() && begins_the_pre_baseline(history)
+}
+
+/// Is `history` (`(version, name)` in version order) the first files of the pre-release
+/// history, by number and name?
+fn begins_the_pre_baseline(history: &[(i32, String)]) -> bool {
+    history
+        .iter()
+        .enumerate()
+        .all(|(i, (v, n))| *v as usize == i + 1 && PRE_BASELINE.get(i) == Some(&n.as_str()))
 }
 
 /// What to say of a recorded history this build does not know: what was found and what to
@@ -93,11 +98,8 @@ fn unknown_history(recorded: &[(i32, String)]) -> String {
             recorded.len()
         ),
     };
-    let pre_baseline = recorded
-        .iter()
-        .enumerate()
-        .all(|(i, (v, n))| *v as usize == i + 1 && PRE_BASELINE.get(i) == Some(&n.as_str()));
-    if pre_baseline && recorded.len() == PRE_BASELINE.len() {
+    let pre_baseline = begins_the_pre_baseline(recorded);
+    if is_whole_pre_baseline(recorded) {
         format!(
             "this database's outbox schema was built by a pre-release outboxd ({found}), the \
              schema this build's baseline makes: run `outboxd migrate --adopt-baseline` to \
@@ -187,8 +189,9 @@ async fn migrate_locked(
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
+    let history: Vec<(i32, String)> = recorded.iter().map(|(v, n, _)| (*v, n.clone())).collect();
     let mut adopted = false;
-    if adopt_baseline && is_whole_pre_baseline(&recorded) {
+    if adopt_baseline && is_whole_pre_baseline(&history) {
         let baseline = &MIGRATIONS[0];
         let checksum = baseline.checksum();
         let tx = client.transaction().await?;
@@ -208,7 +211,6 @@ async fn migrate_locked(
         MIGRATIONS.iter().any(|m| m.version == *v && m.name == n)
     };
     if !recorded.iter().all(known) {
-        let history: Vec<(i32, String)> = recorded.into_iter().map(|(v, n, _)| (v, n)).collect();
         return Err(MigrateError::UnknownHistory(unknown_history(&history)));
     }
     let applied: Vec<(i32, String)> = recorded.into_iter().map(|(v, _, c)| (v, c)).collect();
