@@ -89,19 +89,15 @@ CREATE TABLE outbox.messages (
     dead_at timestamp with time zone,
     cancelled_at timestamp with time zone,
     ordering_key text,
+    destination text,
+    lookup_destination text,
     CONSTRAINT messages_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT messages_cancelled_at_iff_cancelled CHECK (((state = 'cancelled'::text) = (cancelled_at IS NOT NULL))),
-    CONSTRAINT messages_channel_check CHECK ((channel = ANY (ARRAY['webhook'::text, 'email'::text]))),
     CONSTRAINT messages_dead_at_iff_dead CHECK (((state = 'dead'::text) = (dead_at IS NOT NULL))),
     CONSTRAINT messages_dead_has_class CHECK (((state <> 'dead'::text) OR (error_class IS NOT NULL))),
     CONSTRAINT messages_delivered_at_iff_delivered CHECK (((state = 'delivered'::text) = (delivered_at IS NOT NULL))),
     CONSTRAINT messages_error_class_check CHECK ((error_class = ANY (ARRAY['transient'::text, 'ambiguous'::text, 'permanent'::text, 'invalid'::text, 'exhausted'::text]))),
-    CONSTRAINT messages_key_length CHECK (((char_length(message_key) >= 1) AND (char_length(message_key) <= 255))),
     CONSTRAINT messages_lease_iff_running CHECK ((((state = 'running'::text) = (lease_owner IS NOT NULL)) AND ((lease_owner IS NULL) = (lease_token IS NULL)) AND ((lease_owner IS NULL) = (lease_expires_at IS NULL)))),
-    CONSTRAINT messages_max_attempts_check CHECK ((max_attempts >= 1)),
-    CONSTRAINT messages_ordering_key_length CHECK (((char_length(ordering_key) >= 1) AND (char_length(ordering_key) <= 255))),
-    CONSTRAINT messages_payload_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
-    CONSTRAINT messages_request_hash_len CHECK ((octet_length(request_hash) = 32)),
     CONSTRAINT messages_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'held'::text, 'running'::text, 'delivered'::text, 'dead'::text, 'cancelled'::text])))
 )
 WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_insert_scale_factor='0.05');
@@ -658,8 +654,55 @@ BEGIN
     END IF;
     -- outbox.request_hash(channel, payload), from the text rendered above.
     NEW.request_hash := sha256(convert_to(NEW.channel || E'\n' || v_text, 'UTF8'));
+    -- Where it goes, named once here: the worker's limits, breakers and pauses go by these
+    -- names, and the worker sends only where they say (a URL it reads as another host is
+    -- refused as invalid). A lookup is named by its own URL (enqueue made `reconcile.url`
+    -- a string).
+    IF NEW.channel = 'webhook' THEN
+        NEW.destination := outbox.destination_of(NEW.channel, NEW.payload);
+        NEW.lookup_destination := CASE WHEN NEW.payload ? 'reconcile'
+            THEN outbox.destination_of(NEW.channel, NEW.payload -> 'reconcile') END;
+    ELSE
+        NEW.destination := NULL;
+        NEW.lookup_destination := NULL;
+    END IF;
     IF NEW.ordering_key IS NOT NULL THEN
         NEW.id := outbox.ordering_turn(NEW.ordering_key);
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+-- What a message is and where it goes are fixed when it is inserted: its key, channel and
+-- payload (the fingerprint the key's deduplication compares), the destinations named from
+-- them and its attempt budget's floor. The door is the insert trigger; an UPDATE naming one
+-- of these columns (only a person's hand-written one: the daemon's and the operator
+-- functions' statements name none) is refused unless it leaves the value as it was. To send
+-- something else, enqueue it under a new key. `max_attempts` may be raised or lowered to at
+-- least 1. SQLSTATE 23514, as the CHECK constraints these replace raised.
+CREATE FUNCTION outbox.messages_before_update_fixed() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_column text;
+BEGIN
+    v_column := CASE
+        WHEN NEW.message_key IS DISTINCT FROM OLD.message_key THEN 'message_key'
+        WHEN NEW.channel IS DISTINCT FROM OLD.channel THEN 'channel'
+        WHEN NEW.payload IS DISTINCT FROM OLD.payload THEN 'payload'
+        WHEN NEW.request_hash IS DISTINCT FROM OLD.request_hash THEN 'request_hash'
+        WHEN NEW.ordering_key IS DISTINCT FROM OLD.ordering_key THEN 'ordering_key'
+        WHEN NEW.destination IS DISTINCT FROM OLD.destination THEN 'destination'
+        WHEN NEW.lookup_destination IS DISTINCT FROM OLD.lookup_destination THEN 'lookup_destination'
+    END;
+    IF v_column IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox.messages.% is fixed when a message is enqueued; enqueue under a new key to send something else', v_column
+            USING ERRCODE = '23514', COLUMN = v_column;
+    END IF;
+    IF NEW.max_attempts < 1 THEN
+        RAISE EXCEPTION 'max_attempts must be at least 1 (got %)', NEW.max_attempts
+            USING ERRCODE = '23514', COLUMN = 'max_attempts';
     END IF;
     RETURN NEW;
 END
@@ -777,17 +820,6 @@ BEGIN
     SELECT count(*) INTO v_deleted FROM gone;
     RETURN v_deleted;
 END
-$$;
-
--- Does a message name a reconciliation lookup? A webhook whose payload has a string
--- `reconcile.url` (enqueue refuses any other shape; a row stored otherwise is read the same way,
--- and the worker refuses a malformed one as invalid).
-CREATE FUNCTION outbox.reconcilable(channel text, payload jsonb) RETURNS boolean
-    LANGUAGE sql IMMUTABLE
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT channel = 'webhook'
-       AND jsonb_typeof(payload -> 'reconcile' -> 'url') IS NOT DISTINCT FROM 'string'
 $$;
 
 -- Replay dead messages: dead → pending, attempts reset to 0, due now, the same key (so
@@ -1028,6 +1060,8 @@ $$;
 -- ======================================================================================
 
 CREATE TRIGGER messages_before_insert BEFORE INSERT ON outbox.messages FOR EACH ROW EXECUTE FUNCTION outbox.messages_before_insert();
+
+CREATE TRIGGER messages_before_update_fixed BEFORE UPDATE OF message_key, channel, payload, request_hash, ordering_key, destination, lookup_destination, max_attempts ON outbox.messages FOR EACH ROW EXECUTE FUNCTION outbox.messages_before_update_fixed();
 
 CREATE TRIGGER messages_delete_history AFTER DELETE ON outbox.messages REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_delete_history();
 

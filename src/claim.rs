@@ -15,8 +15,6 @@ use tokio_postgres::GenericClient;
 use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
-use crate::deliver::webhook::destination::{Routing, read_and_route};
-use crate::deliver::webhook::payload::Read;
 use crate::model::AttemptOutcome;
 use crate::model::Channel;
 use crate::model::ErrorClass;
@@ -46,19 +44,17 @@ pub struct Claimed {
     /// The class the previous attempt left on the row (`ambiguous` after a timeout, a lost
     /// connection or an expired lease), `None` before the first attempt or after a replay.
     pub previous_class: Option<ErrorClass>,
-    /// The payload names a reconciliation lookup (a webhook's `reconcile.url`,
-    /// `outbox.reconcilable`): after an ambiguous attempt the next one asks first.
+    /// The payload names a reconciliation lookup (a webhook's `reconcile`): after an
+    /// ambiguous attempt the next one asks first. Read from `lookup_destination`, which the
+    /// insert trigger sets exactly for such a payload whose lookup URL has a name (one
+    /// without is refused as invalid before its first request).
     pub reconcile: bool,
-    /// Where a webhook goes (`webhook::destination::destination_of`, the rules of
-    /// `outbox.destination_of`): the key of the rules per destination. `None` for e-mail and
-    /// for a URL without a name.
+    /// Where a webhook goes, as the insert trigger named it (`outbox.destination_of`): the
+    /// key of the rules per destination. `None` for e-mail and for a URL without a name
+    /// (refused before any request).
     pub destination: Option<String>,
-    /// A webhook's payload of at most `webhook::destination::READ_ONCE_MAX` bytes, read once
-    /// here for its routing and handed to the attempt. `None` for e-mail, for a larger
-    /// payload and for one that does not read (not a JSON object, or a member serde cannot
-    /// hold, such as a number beyond f64): those are routed and checked from the text, as
-    /// before.
-    pub webhook: Option<Read>,
+    /// Where its reconciliation lookup goes, named the same way.
+    pub lookup_destination: Option<String>,
 }
 
 impl std::fmt::Debug for Claimed {
@@ -77,7 +73,7 @@ impl std::fmt::Debug for Claimed {
             .field("previous_class", &self.previous_class)
             .field("reconcile", &self.reconcile)
             .field("destination", &self.destination)
-            .field("webhook", &self.webhook)
+            .field("lookup_destination", &self.lookup_destination)
             .finish()
     }
 }
@@ -349,11 +345,7 @@ fn claimed_rows(rows: Vec<tokio_postgres::Row>) -> Vec<Claimed> {
         };
         let previous_class: Option<&str> = row.get("error_class");
         let payload: String = row.get("payload");
-        let (webhook, routing) = if channel == Channel::Webhook {
-            read_and_route(&payload)
-        } else {
-            (None, Routing::default())
-        };
+        let lookup_destination: Option<String> = row.get("lookup_destination");
         claimed.push(Claimed {
             id: row.get("id"),
             key: row.get("message_key"),
@@ -364,9 +356,9 @@ fn claimed_rows(rows: Vec<tokio_postgres::Row>) -> Vec<Claimed> {
             retry_ambiguous: row.get("retry_ambiguous"),
             lease_token: row.get("lease_token"),
             previous_class: previous_class.and_then(ErrorClass::parse),
-            reconcile: routing.reconcile,
-            destination: routing.destination,
-            webhook,
+            reconcile: lookup_destination.is_some(),
+            destination: row.get("destination"),
+            lookup_destination,
         });
     }
     claimed

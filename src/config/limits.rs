@@ -121,7 +121,7 @@ impl RateLimits {
 
 /// `host` (lower case, with an optional port) as `outbox.destination_of` writes a host: a
 /// name without its trailing dots (`example.com.` is `example.com`, which destination_of
-/// and `destination_of_url` write for both), an IPv6 literal and the port as given.
+/// writes for both), an IPv6 literal and the port as given.
 fn canonical(host: &str) -> String {
     let name = host_part(host);
     if name.starts_with('[') {
@@ -233,8 +233,8 @@ mod tests {
         assert!(e.len() < 400, "{}", e.len());
     }
 
-    /// An entry is matched exactly against what `outbox.destination_of` (and its Rust twin,
-    /// `webhook::destination_of_url`) names, so an entry written another way for the same
+    /// An entry is matched exactly against what `outbox.destination_of` names (the worker
+    /// sends only where that name says), so an entry written another way for the same
     /// host never applied. A trailing dot is dropped as destination_of drops it; a default
     /// port, which destination_of drops only for its own scheme, is refused with the way
     /// to write it.
@@ -252,7 +252,8 @@ mod tests {
             ("https://b.example/hook", None),
         ] {
             let destination =
-                crate::deliver::webhook::destination::destination_of_url(url).unwrap();
+                crate::deliver::webhook::destination::name_of(&url::Url::parse(url).unwrap())
+                    .unwrap();
             assert_eq!(
                 l.for_destination(&destination).map(|x| x.0),
                 index,

@@ -151,6 +151,11 @@ pub struct Outgoing<'a> {
     /// A webhook's payload as the claim already read it
     /// ([`webhook::payload::read`]): the channel checks it rather than `payload` again.
     pub webhook: Option<&'a webhook::payload::Read>,
+    /// Where a webhook goes and where its lookup goes, as the insert trigger named them
+    /// (`claim::Claimed::destination`): the request is made only to the host named.
+    pub destination: Option<&'a str>,
+    /// See [`Outgoing::destination`].
+    pub lookup_destination: Option<&'a str>,
     /// The class the previous attempt ended with, as the claim found it on the row
     /// (`ambiguous` after a timeout or an expired lease): a webhook with a `reconcile` URL
     /// asks before it sends again.

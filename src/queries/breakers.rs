@@ -89,7 +89,7 @@ WITH d AS (
     WHERE m.state = 'pending' AND m.channel = 'webhook' AND m.run_after < d.until
       AND (m.attempts > 0 OR m.run_after <= now())
       AND m.id > $4::bigint
-      AND outbox.destination_of(m.channel, m.payload) = $1::text
+      AND m.destination = $1::text
     ORDER BY m.id
     LIMIT $3::bigint
 ), moved AS (
@@ -131,7 +131,7 @@ WITH moved AS (
                    AND NOT EXISTS (SELECT 1 FROM outbox.attempts a
                                    WHERE a.message_id = s.id AND a.outcome = 'approved'
                                      AND a.started_at = s.updated_at)))
-          AND outbox.destination_of(s.channel, s.payload) = $1::text
+          AND s.destination = $1::text
         LIMIT $3::bigint))
       AND m.state = 'pending' AND m.run_after > now()
     RETURNING 1

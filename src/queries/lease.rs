@@ -20,12 +20,9 @@
 ///
 /// Returns one row per claimed message: `id, message_key, channel, payload (text),
 /// attempts (the number of this attempt), max_attempts, retry_ambiguous, lease_token,
-/// error_class` (the class the previous attempt left, as the row holds it). Whether the
-/// payload names a lookup (the attempt after an ambiguous one asks first) and where it goes
-/// are read from the payload by the worker (`webhook::destination::routing`, the rules of
-/// `outbox.reconcilable` and `outbox.destination_of`), not here: a SQL function
-/// call per row costs the database far more than the worker's read of the payload it has
-/// fetched anyway.
+/// error_class` (the class the previous attempt left, as the row holds it), `destination`
+/// and `lookup_destination` (where it goes and where its reconciliation lookup goes, named
+/// by the insert trigger; a lookup's destination is set exactly when the payload names one).
 ///
 /// Ordering keys: a due row with an `ordering_key` is a candidate only when no
 /// earlier (smaller id) row of its group is `pending` (due or not), `running`, `held` or
@@ -65,7 +62,8 @@ UPDATE outbox.messages m SET
     updated_at = now()
 WHERE m.id = ANY(ARRAY(SELECT id FROM due))
 RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts,
-          m.max_attempts, m.retry_ambiguous, m.lease_token, m.error_class
+          m.max_attempts, m.retry_ambiguous, m.lease_token, m.error_class, m.destination,
+          m.lookup_destination
 "#;
 
 /// Expired leases: up to `$2` `running` rows of the channels `$1` whose lease ran out, in
@@ -83,7 +81,7 @@ RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts
 /// lease_owner, started (the claim's time)`.
 pub const EXPIRED_LEASES: &str = r#"
 SELECT id, message_key, channel, attempts, max_attempts, retry_ambiguous,
-       outbox.reconcilable(channel, payload) AS reconcile, lease_token, lease_owner,
+       lookup_destination IS NOT NULL AS reconcile, lease_token, lease_owner,
        updated_at AS started
 FROM outbox.messages
 WHERE state = 'running' AND lease_expires_at <= now() AND channel = ANY($1::text[])

@@ -16,6 +16,8 @@ use super::Shared;
 use super::destinations::{Admission, Leave};
 use super::lane::{InLane, Lane};
 use crate::claim::{Claimed, Completion};
+use crate::deliver::webhook::destination::READ_ONCE_MAX;
+use crate::deliver::webhook::payload::Read;
 use crate::deliver::webhook::reconcile::{Lookup, Verdict};
 use crate::deliver::{Outgoing, Ready, RequestLimits};
 use crate::model::{Channel, ErrorClass};
@@ -62,6 +64,33 @@ impl Done {
     }
 }
 
+/// A claimed message on its way to its attempt, with a small webhook payload read once by
+/// the claim task, off the attempt's path (`webhook::destination::READ_ONCE_MAX`). `None`
+/// for e-mail, for a larger payload and for one that does not read (not a JSON object, or
+/// a member serde cannot hold, such as a number beyond f64): the attempt reads and checks
+/// those from the text.
+pub(super) struct Job {
+    pub(super) msg: Claimed,
+    pub(super) webhook: Option<Read>,
+}
+
+impl Job {
+    /// Reads `msg`'s payload, when it is a small webhook's.
+    pub(super) fn new(msg: Claimed) -> Job {
+        let webhook = (msg.channel == Channel::Webhook && msg.payload.len() <= READ_ONCE_MAX)
+            .then(|| crate::deliver::webhook::payload::read(&msg.payload).ok())
+            .flatten();
+        Job { msg, webhook }
+    }
+}
+
+impl std::ops::Deref for Job {
+    type Target = Claimed;
+    fn deref(&self) -> &Claimed {
+        &self.msg
+    }
+}
+
 /// What the attempt's log event needs beyond the completion.
 pub(super) struct AttemptLog {
     pub(super) key: String,
@@ -78,7 +107,7 @@ pub(super) fn spawn_attempt(
     slots: &Arc<Semaphore>,
     done_tx: &mpsc::Sender<Done>,
     lane: &Lane,
-    msg: Claimed,
+    msg: Job,
     claimed_at: Instant,
 ) {
     shared.inflight.fetch_add(1, Ordering::SeqCst);
@@ -123,12 +152,12 @@ pub(super) fn spawn_attempt(
 /// waited too long for a slot or a connection is given back unsent, rather than sent with a
 /// lease that may run out mid-request (another worker would then send it again while this
 /// request is still in flight).
-pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at: Instant) -> Done {
+pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Job, claimed_at: Instant) -> Done {
     // A breaker that opened while this row waited for its slot stops it here. Asked first,
     // so that the lease check below counts the time it may wait for a failure's record.
     if let Some(host) = msg.destination.as_deref() {
         if let Some(delay) = shared.breakers.recheck(msg.id, host).await {
-            return Done::deferred(msg, DeferReason::Breaker, delay);
+            return Done::deferred(msg.msg, DeferReason::Breaker, delay);
         }
     }
     let ready = tokio::select! {
@@ -153,17 +182,14 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at
     let looks_up = msg.channel == Channel::Webhook
         && msg.reconcile
         && msg.previous_class == Some(ErrorClass::Ambiguous);
-    let lookup_destination = looks_up
-        .then(|| crate::deliver::webhook::destination::reconcile_destination(&msg.payload))
-        .flatten();
     let first = if looks_up {
-        lookup_destination.as_deref()
+        msg.lookup_destination.as_deref()
     } else {
         msg.destination.as_deref()
     };
     let permit = match shared.gates.admit(first) {
         Admission::Go(permit) => permit,
-        Admission::Defer(reason, delay) => return Done::deferred(msg, reason, delay),
+        Admission::Defer(reason, delay) => return Done::deferred(msg.msg, reason, delay),
     };
     let done = if looks_up {
         let leave = Leave::new(&shared.gates, msg.destination.clone(), permit);
@@ -186,7 +212,7 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Claimed, claimed_at
 /// One attempt: send, classify, decide. Never touches the database.
 async fn attempt(
     shared: &Shared,
-    msg: Claimed,
+    msg: Job,
     ready: Ready<'_>,
     limits: Option<&dyn RequestLimits>,
 ) -> Done {
@@ -201,6 +227,8 @@ async fn attempt(
             key: &msg.key,
             payload: &msg.payload,
             webhook: msg.webhook.as_ref(),
+            destination: msg.destination.as_deref(),
+            lookup_destination: msg.lookup_destination.as_deref(),
             previous: msg.previous_class,
             last_attempt: msg.attempt >= msg.max_attempts,
             limits,
@@ -292,6 +320,7 @@ async fn attempt(
     };
     record_end(&span, msg.channel, &completion);
     drop(span);
+    let msg = msg.msg;
     let log = AttemptLog {
         key: msg.key,
         channel: msg.channel,
@@ -307,7 +336,7 @@ async fn attempt(
 /// fills them. Disabled, and then free, unless a layer exports traces. A webhook whose
 /// payload carries a well-formed `traceparent` is a child of that remote span; reading it
 /// parses the payload a second time, which is why only an enabled span asks.
-fn attempt_span(msg: &Claimed) -> tracing::Span {
+fn attempt_span(msg: &Job) -> tracing::Span {
     let span = tracing::info_span!(
         target: crate::telemetry::SPAN_TARGET,
         "outboxd.attempt",
@@ -375,9 +404,7 @@ fn speaks_for_destination(msg: &Claimed, attempted: &crate::deliver::Attempted) 
     }
     match &attempted.lookup {
         Some(l) if !matches!(l.verdict, Verdict::NotHappened | Verdict::Refused) => {
-            msg.destination.is_some()
-                && crate::deliver::webhook::destination::reconcile_destination(&msg.payload)
-                    == msg.destination
+            msg.destination.is_some() && msg.lookup_destination == msg.destination
         }
         // Held back after a 404, a lookup the guard refused, or nothing made at all.
         Some(_) | None => false,
@@ -407,6 +434,13 @@ mod tests {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
 
+    fn job(payload: &str) -> Job {
+        Job {
+            msg: claimed(payload),
+            webhook: None,
+        }
+    }
+
     fn claimed(payload: &str) -> Claimed {
         Claimed {
             id: 7,
@@ -420,7 +454,7 @@ mod tests {
             previous_class: None,
             reconcile: false,
             destination: None,
-            webhook: None,
+            lookup_destination: None,
         }
     }
 
@@ -444,7 +478,7 @@ mod tests {
     #[test]
     fn the_span_is_free_unless_traces_are_on() {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let msg = claimed(&format!(
+        let msg = job(&format!(
             r#"{{"url": "https://x.example", "headers": {{"traceparent": "{tp}"}}}}"#
         ));
         let off = tracing_subscriber::registry().with(logs());
@@ -469,8 +503,7 @@ mod tests {
                 "a child, not the parent"
             );
             // No traceparent, or a malformed one: a root of its own trace.
-            let bad =
-                claimed(r#"{"url": "https://x.example", "headers": {"traceparent": "00-x"}}"#);
+            let bad = job(r#"{"url": "https://x.example", "headers": {"traceparent": "00-x"}}"#);
             let root = attempt_span(&bad);
             assert_ne!(
                 root.context().span().span_context().trace_id().to_string(),

@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 
 use super::MAX_CLAIMS;
 use super::Shared;
-use super::attempt::{Done, spawn_attempt};
+use super::attempt::{Done, Job, spawn_attempt};
 use super::breakers::Gate;
 use super::db_call::{Backoff, bounded, checkout};
 use super::lane::Lane;
@@ -28,7 +28,7 @@ const CLAIMS_AT_SHUTDOWN: Duration = Duration::from_secs(2);
 
 /// What a claim task ends with: its rows and how long its statement took (from a
 /// connection in hand to the answer), or why it failed.
-type ClaimResult = Result<(Vec<claim::Claimed>, Duration), String>;
+type ClaimResult = Result<(Vec<Job>, Duration), String>;
 
 /// The loop's state between events.
 pub(super) struct ClaimLoop {
@@ -355,7 +355,8 @@ impl ClaimLoop {
                     )
                     .await
                     .map_err(|e| crate::db::failed(&e))?;
-                    Ok((batch, t.elapsed()))
+                    let took = t.elapsed();
+                    Ok((batch.into_iter().map(Job::new).collect(), took))
                 })
                 .await
             });
@@ -414,7 +415,7 @@ impl ClaimLoop {
                     shared.inflight.fetch_add(1, Ordering::SeqCst);
                     let _ = self
                         .done_tx
-                        .send(Done::deferred(msg, DeferReason::Breaker, delay))
+                        .send(Done::deferred(msg.msg, DeferReason::Breaker, delay))
                         .await;
                     continue;
                 }

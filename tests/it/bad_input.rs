@@ -753,8 +753,9 @@ async fn wrong_json_types_and_bad_headers_are_dead_invalid_without_a_request() {
     for key in crlf_keys {
         let payload = json!({"url": url, "body": {"k": 1}});
         c.execute(
-            "INSERT INTO outbox.messages (message_key, channel, payload, request_hash) \
-             VALUES ($1, 'webhook', $2, outbox.request_hash('webhook', $2))",
+            "INSERT INTO outbox.messages (message_key, channel, payload, request_hash, destination) \
+             VALUES ($1, 'webhook', $2, outbox.request_hash('webhook', $2), \
+                     outbox.destination_of('webhook', $2))",
             &[&key, &payload],
         )
         .await

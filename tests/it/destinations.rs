@@ -8,10 +8,9 @@ use crate::common;
 use common::receiver::{Receiver, Reply};
 use common::*;
 use outboxd::claim;
-use outboxd::deliver::webhook::destination;
 use outboxd::model::Channel;
 
-/// The destination of a webhook URL, as the claim and an operator see it.
+/// The destination of a webhook URL, as the insert trigger names it.
 async fn destination(db: &TestDb, url: &serde_json::Value) -> Option<String> {
     db.client()
         .await
@@ -25,7 +24,7 @@ async fn destination(db: &TestDb, url: &serde_json::Value) -> Option<String> {
 }
 
 /// One name per host and port: lower case, default ports dropped, never a credential, a
-/// path or a query; hostile URLs give no name (the worker refuses them itself).
+/// path or a query; hostile URLs give no name (the worker refuses them).
 #[tokio::test]
 async fn destination_is_the_host_and_port_and_nothing_else() {
     let db = TestDb::new().await;
@@ -55,36 +54,12 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
         ("https://bad host/", None),
         ("https://h.example:99999999/", None),
         ("https://h.example:80x/", None),
-    ];
-    // Where the SQL function names none but the URL parser (which the request follows)
-    // reads a host, the worker names it as the parser reads it: else no rate limit, cap or
-    // open circuit applied to it.
-    let parsed: &[(&str, Option<&str>)] = &[
-        ("https://bad\nhost/", Some("badhost")),
-        ("https:///path", Some("path")),
+        ("https://\u{212a}.example/", None),
+        ("https://b\u{fc}cher.example/", None),
     ];
     for (url, want) in cases {
         let got = destination(&db, &serde_json::json!(url)).await;
         assert_eq!(got.as_deref(), *want, "destination of {url:?}");
-        // The worker reads the name itself, by the same rules.
-        let want = parsed
-            .iter()
-            .find(|(u, _)| u == url)
-            .map_or(*want, |(_, w)| *w);
-        let payload = serde_json::json!({"url": url, "body": {}}).to_string();
-        assert_eq!(
-            destination::destination_of(&payload).as_deref(),
-            want,
-            "the worker's destination of {url:?}"
-        );
-        assert_eq!(
-            destination::read_and_route(&payload)
-                .1
-                .destination
-                .as_deref(),
-            want,
-            "the claim's destination of {url:?}"
-        );
     }
     // Names of at most 1000 characters (outbox.destinations' check): a longer host made
     // the breakers' update of a whole batch fail. 995 characters of labels of 63.
@@ -110,62 +85,6 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
             "destination of a host of {} characters",
             url.len()
         );
-        let payload = serde_json::json!({"url": url, "body": {}}).to_string();
-        assert_eq!(destination::destination_of(&payload), want, "the worker's");
-    }
-    // More shapes, where only agreement matters: every one named alike by both.
-    let mut more: Vec<String> = Vec::new();
-    for scheme in ["http", "https", "HTTP", "ftp", "1http", "ht tp", ""] {
-        for auth in [
-            "a.example",
-            "A.EXAMPLE",
-            "\u{212a}.example",
-            "é.example",
-            "xn--e-9ja.example",
-            "a.example.",
-            "a..",
-            ".",
-            "a_b-c.example",
-            "u@a.example",
-            "u:p@a.example:1",
-            "@a.example",
-            "a.example@",
-            "[::1]",
-            "[::ffff:127.0.0.1]:443",
-            "[]",
-            "[::1",
-            "::1]",
-            "a.example:",
-            "a.example:0",
-            "a.example:65535",
-            "a.example:123456",
-            "a:b:c",
-            "a%2eexample",
-            "a example",
-            "a\texample",
-            "a\u{1}example",
-            "\u{200b}a.example",
-        ] {
-            for tail in ["", "/", "/p?q#f", "?q", "#f", ":80/"] {
-                more.push(format!("{scheme}://{auth}{tail}"));
-            }
-        }
-    }
-    for url in &more {
-        let sql = destination(&db, &serde_json::json!(url)).await;
-        // Where the SQL function names none, the worker names what the parser reads.
-        let want = sql.clone().or_else(|| as_the_parser_reads(url));
-        let payload = serde_json::json!({"url": url}).to_string();
-        assert_eq!(
-            destination::destination_of(&payload),
-            want,
-            "the worker and outbox.destination_of disagree on {url:?}"
-        );
-        assert_eq!(
-            destination::read_and_route(&payload).1.destination,
-            want,
-            "the claim and outbox.destination_of disagree on {url:?}"
-        );
     }
     // Not a string, and not a webhook: no name.
     assert_eq!(destination(&db, &serde_json::json!(5)).await, None);
@@ -178,94 +97,117 @@ async fn destination_is_the_host_and_port_and_nothing_else() {
     let long = format!("https://{}.example/", "a".repeat(100_000));
     let got = destination(&db, &serde_json::json!(long)).await;
     assert_eq!(got, None);
-    let payload = serde_json::json!({"url": long}).to_string();
-    assert_eq!(destination::destination_of(&payload), None);
 }
 
-/// The host and port an http(s) URL's request goes to, as `url::Url` (the sender's
-/// parser) reads them, without trailing dots: what the worker names a URL the SQL
-/// function names none.
-fn as_the_parser_reads(url: &str) -> Option<String> {
-    let u = url::Url::parse(url).ok()?;
-    if !matches!(u.scheme(), "http" | "https") {
-        return None;
-    }
-    let host = u.host_str()?.trim_end_matches('.');
-    (!host.is_empty()).then(|| match u.port() {
-        Some(p) => format!("{host}:{p}"),
-        None => host.to_owned(),
-    })
-}
-
-/// A host the request reaches however it is written has one name, so that its rate
-/// limit, cap and circuit apply: written in Unicode, with a backslash for the path's
-/// slash, a tab or a percent-escape inside, or IPv4 in a short form. Each of these had no
-/// name (or one of its own), and went out past every rule of its host.
-#[tokio::test]
-async fn a_host_written_another_way_has_its_own_name() {
-    let cases: &[(&str, &str)] = &[
-        ("https://b\u{fc}cher.example/x", "xn--bcher-kva.example"),
-        (
-            "https://B\u{dc}CHER.example:8443/x",
-            "xn--bcher-kva.example:8443",
-        ),
-        ("http://127.0.0.1:18765\\hook", "127.0.0.1:18765"),
-        ("http://evil.example\\@good.example/", "evil.example"),
-        ("http://127.0.0.1:187\t65/hook", "127.0.0.1:18765"),
-        ("http://a.ex\tample/hook", "a.example"),
-        ("https://hooks%2Eslack.com/x", "hooks.slack.com"),
-        ("https://hooks\u{3002}slack.com/x", "hooks.slack.com"),
-        ("https://hooks.sl\u{ad}ack.com/x", "hooks.slack.com"),
-        ("https://\u{212a}.example/", "k.example"),
-        ("http://127.1:8080/x", "127.0.0.1:8080"),
-        ("http://2130706433/x", "127.0.0.1"),
-        ("http://0x7f.1/x", "127.0.0.1"),
-        ("http://0177.0.0.1/x", "127.0.0.1"),
-    ];
-    for (url, want) in cases {
-        let payload = serde_json::json!({"url": url, "body": {}}).to_string();
-        assert_eq!(
-            destination::destination_of(&payload).as_deref(),
-            Some(*want),
-            "the worker's destination of {url:?}"
-        );
-        assert_eq!(
-            destination::read_and_route(&payload)
-                .1
-                .destination
-                .as_deref(),
-            Some(*want),
-            "the claim's destination of {url:?}"
-        );
-        assert_eq!(as_the_parser_reads(url).as_deref(), Some(*want), "{url:?}");
-    }
-    // Plain dotted IPv4 stays on the SQL function's name.
-    let payload = serde_json::json!({"url": "http://10.0.0.1:80/x"}).to_string();
-    assert_eq!(
-        destination::destination_of(&payload).as_deref(),
-        Some("10.0.0.1")
-    );
-}
-
-/// The claim hands each webhook its destination; e-mail has none.
-#[tokio::test]
-async fn the_claim_names_each_messages_destination() {
+/// A host written so that the request would reach another host than the one named at
+/// enqueue, or one with no name at all, is never sent: dead `invalid` at its first attempt,
+/// with no request, its error naming the host the parser read and never the path. Each of
+/// these once went out past every rule of its host (rate limit, cap, circuit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_written_another_way_is_refused_unsent() {
     let db = TestDb::new().await;
+    let receiver = Receiver::start().await;
+    let port = receiver.addr.port();
+    let urls = [
+        format!("http://127.0.0.1:{port}\\hook-secret"),
+        format!("http://localhost.\\@127.0.0.1:{port}/hook-secret"),
+        format!("http://127.1:{port}/hook-secret"),
+        format!("http://0x7f.1:{port}/hook-secret"),
+        format!(
+            "http://127.0.0.1:{p1}\t{p2}/hook-secret",
+            p1 = port / 10,
+            p2 = port % 10
+        ),
+        format!("http://loc%61lhost:{port}/hook-secret"),
+        format!("http://l\u{f6}calhost:{port}/hook-secret"),
+    ];
     let c = db.client().await;
-    for (key, url) in [
-        ("a", "https://A.example:8443/p?q=1"),
-        ("b", "http://b.example/x"),
-    ] {
+    for (i, url) in urls.iter().enumerate() {
+        let payload = serde_json::json!({"url": url, "body": {}});
         outboxd::enqueue(
             &c,
-            &outboxd::NewMessage::webhook(key, serde_json::json!({"url": url, "body": {}})),
+            &outboxd::NewMessage::webhook(format!("odd:{i}"), payload),
         )
         .await
         .unwrap();
     }
+    // One ordinary message beside them, so the run shows the receiver is reachable.
+    let ok = serde_json::json!({"url": receiver.url("/ok"), "body": {}});
+    outboxd::enqueue(&c, &outboxd::NewMessage::webhook("plain", ok))
+        .await
+        .unwrap();
+    let cfg = outboxd::config::WorkerConfig {
+        drain: true,
+        ..test_worker_config("w")
+    };
+    let summary = RunningWorker::start(&db, cfg, test_webhook_config())
+        .drained(std::time::Duration::from_secs(30))
+        .await;
+    assert_eq!(summary.delivered, 1);
+    let rows = c
+        .query(
+            "SELECT message_key, state, error_class, last_error FROM outbox.messages \
+             WHERE message_key LIKE 'odd:%' ORDER BY message_key",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), urls.len());
+    for r in rows {
+        let key: String = r.get(0);
+        let error: String = r.get(3);
+        assert_eq!(r.get::<_, String>(1), "dead", "{key}: {error}");
+        assert_eq!(
+            r.get::<_, Option<String>>(2).as_deref(),
+            Some("invalid"),
+            "{key}"
+        );
+        assert!(error.starts_with("url: "), "{key}: {error}");
+        assert!(!error.contains("hook-secret"), "{key}: {error}");
+    }
+    let paths: Vec<String> = receiver
+        .requests()
+        .iter()
+        .map(|r| r.uri.path().to_owned())
+        .collect();
+    assert_eq!(
+        paths,
+        vec!["/ok".to_owned()],
+        "only the plain message reached a host"
+    );
+}
+
+/// The insert names each webhook's destination and its lookup's once, whatever an INSERT
+/// says for them, and the claim hands them over; e-mail has none.
+#[tokio::test]
+async fn the_insert_names_each_destination_and_the_claim_reads_it() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    for (key, payload) in [
+        (
+            "a",
+            serde_json::json!({"url": "https://A.example:8443/p?q=1", "body": {}}),
+        ),
+        (
+            "b",
+            serde_json::json!({"url": "http://b.example/x", "reconcile": {"url": "https://L.example/ops?k=1"}}),
+        ),
+    ] {
+        outboxd::enqueue(&c, &outboxd::NewMessage::webhook(key, payload))
+            .await
+            .unwrap();
+    }
+    c.execute(
+        "INSERT INTO outbox.messages (message_key, channel, payload, destination, lookup_destination) \
+         VALUES ('c', 'webhook', '{\"url\": \"https://c.example/\"}', 'elsewhere', 'x'), \
+                ('e', 'email', '{\"to\": \"a@example.com\", \"text\": \"t\"}', 'elsewhere', NULL)",
+        &[],
+    )
+    .await
+    .unwrap();
     let batch = claim::claim(
         &c,
-        &[Channel::Webhook],
+        &[Channel::Webhook, Channel::Email],
         10,
         "w",
         std::time::Duration::from_secs(30),
@@ -274,16 +216,50 @@ async fn the_claim_names_each_messages_destination() {
     .unwrap();
     let mut got: Vec<_> = batch
         .iter()
-        .map(|m| (m.key.clone(), m.destination.clone()))
+        .map(|m| {
+            (
+                m.key.clone(),
+                m.destination.clone(),
+                m.lookup_destination.clone(),
+                m.reconcile,
+            )
+        })
         .collect();
     got.sort();
+    let s = |v: &str| Some(v.to_owned());
     assert_eq!(
         got,
         vec![
-            ("a".into(), Some("a.example:8443".into())),
-            ("b".into(), Some("b.example".into())),
+            ("a".into(), s("a.example:8443"), None, false),
+            ("b".into(), s("b.example"), s("l.example"), true),
+            ("c".into(), s("c.example"), None, false),
+            ("e".into(), None, None, false),
         ]
     );
+}
+
+/// Where a message goes is fixed with it: an UPDATE of its destination (or of anything
+/// the destination is named from) is refused, and the row keeps what it had.
+#[tokio::test]
+async fn a_messages_destination_cannot_be_changed_by_hand() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    outboxd::enqueue(
+        &c,
+        &outboxd::NewMessage::webhook("d", serde_json::json!({"url": "https://d.example/x"})),
+    )
+    .await
+    .unwrap();
+    for sql in [
+        "UPDATE outbox.messages SET destination = 'other.example'",
+        "UPDATE outbox.messages SET lookup_destination = 'other.example'",
+        "UPDATE outbox.messages SET payload = '{\"url\": \"https://other.example/x\"}'",
+    ] {
+        let e = c.execute(sql, &[]).await.unwrap_err();
+        assert_eq!(e.code().map(|c| c.code()), Some("23514"), "{sql}: {e:?}");
+    }
+    let d: Option<String> = db.scalar("SELECT destination FROM outbox.messages").await;
+    assert_eq!(d.as_deref(), Some("d.example"));
 }
 
 /// Deliveries to `receiver` recorded as delivered in the database.
@@ -454,71 +430,22 @@ async fn a_rate_limit_of_five_a_second_holds() {
         .query_one(
             "SELECT coalesce(max(attempts), 0), \
                     (SELECT count(*) FROM outbox.attempts a JOIN outbox.messages m \
-                       ON m.id = a.message_id WHERE m.message_key LIKE 'r:%'), \
+                       ON m.id = a.message_id WHERE m.message_key LIKE 'r:%' \
+                       AND a.outcome <> 'released'), \
                     count(*) FILTER (WHERE state = 'delivered') \
              FROM outbox.messages WHERE message_key LIKE 'r:%'",
             &[],
         )
         .await
         .unwrap();
+    // A row the stop gave back (claimed, waiting for its token) has a `released` row: not a
+    // deferral's.
     let (max_attempts, history, delivered): (i32, i64, i64) = (row.get(0), row.get(1), row.get(2));
     assert_eq!(max_attempts, 1, "a deferral is not an attempt");
     assert_eq!(
         history, delivered,
         "one history row per delivered message, none per deferral"
     );
-}
-
-/// The worker's reading of `reconcile.url` agrees with `outbox.reconcilable`, which the
-/// lease-expiry rule uses, on every shape a payload can give it.
-#[tokio::test]
-async fn the_worker_reads_reconcile_as_outbox_reconcilable_does() {
-    let db = TestDb::new().await;
-    let c = db.client().await;
-    let payloads = [
-        r#"{"url": "https://a.example", "reconcile": {"url": "https://a.example/r"}}"#,
-        r#"{"url": "https://a.example", "reconcile": {"url": 5}}"#,
-        r#"{"url": "https://a.example", "reconcile": {"url": null}}"#,
-        r#"{"url": "https://a.example", "reconcile": {"url": ["x"]}}"#,
-        r#"{"url": "https://a.example", "reconcile": {"url": {"u": "x"}}}"#,
-        r#"{"url": "https://a.example", "reconcile": {"other": "x"}}"#,
-        r#"{"url": "https://a.example", "reconcile": "https://a.example/r"}"#,
-        r#"{"url": "https://a.example", "reconcile": null}"#,
-        r#"{"url": "https://a.example", "reconcile": [{"url": "x"}]}"#,
-        r#"{"url": "https://a.example", "reconcile": ["https://a.example/r"]}"#,
-        r#"{"url": "https://a.example", "reconcile": {"url": "https://a.example/r", "n": 1e400}}"#,
-        r#"{"url": 5, "reconcile": {"url": "https://a.example/r"}}"#,
-        r#"{"reconcile": {"url": "\u00e9\n"}}"#,
-        r#"{"url": "https://a.example"}"#,
-        r#"[]"#,
-        r#""text""#,
-        r#"{}"#,
-    ];
-    for p in payloads {
-        let (sql, dest): (bool, Option<String>) = {
-            let row = c
-                .query_one(
-                    "SELECT outbox.reconcilable('webhook', $1::text::jsonb), \
-                            outbox.destination_of('webhook', $1::text::jsonb)",
-                    &[&p],
-                )
-                .await
-                .unwrap();
-            (row.get(0), row.get(1))
-        };
-        // The worker reads jsonb's rendering of the payload, as the claim returns it.
-        let rendered: String = c
-            .query_one("SELECT $1::text::jsonb::text", &[&p])
-            .await
-            .unwrap()
-            .get(0);
-        let r = destination::routing(&rendered);
-        assert_eq!(r.reconcile, sql, "reconcile of {p}");
-        assert_eq!(r.destination, dest, "destination of {p}");
-        let r = destination::read_and_route(&rendered).1;
-        assert_eq!(r.reconcile, sql, "the claim's reconcile of {p}");
-        assert_eq!(r.destination, dest, "the claim's destination of {p}");
-    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -492,15 +492,13 @@ async fn a_reconcile_url_refused_at_lookup_time_is_ambiguous_again() {
         n == 1
     })
     .await;
-    db.client()
-        .await
-        .execute(
-            "UPDATE outbox.messages SET payload = jsonb_set(payload, '{reconcile,url}', to_jsonb($2::text)) \
-             WHERE message_key = $1",
-            &[&key, &format!("http://localhost:{}/l", rx.addr.port())],
-        )
-        .await
-        .unwrap();
+    update_past_the_door(
+        &db.client().await,
+        "UPDATE outbox.messages SET payload = jsonb_set(payload, '{reconcile,url}', to_jsonb($2::text)) \
+         WHERE message_key = $1",
+        &[&key, &format!("http://localhost:{}/l", rx.addr.port())],
+    )
+    .await;
     let row = wait_for_state(&db, key, "dead", WAIT).await;
     w.stop().await;
     assert_eq!(row.error_class.as_deref(), Some("ambiguous"), "{row:?}");
@@ -548,13 +546,13 @@ async fn a_bad_reconcile_url_is_invalid_before_any_request() {
     let c = db.client().await;
     for (key, reconcile) in &shapes {
         enqueue(&db, key, json!({"url": rx.url("/hook")}), 3, true).await;
-        c.execute(
+        update_past_the_door(
+            &c,
             "UPDATE outbox.messages SET payload = payload || jsonb_build_object('reconcile', $2::jsonb) \
              WHERE message_key = $1",
             &[key, reconcile],
         )
-        .await
-        .unwrap();
+        .await;
     }
     let w = RunningWorker::start(&db, test_worker_config("w"), short_timeout());
     let n = (cases.len() + shapes.len()) as i64;
@@ -777,15 +775,13 @@ async fn time_running_out_while_connecting_after_a_lookup_is_transient() {
         attempts(&db, key).await.len() == 1
     })
     .await;
-    db.client()
-        .await
-        .execute(
-            "UPDATE outbox.messages SET payload = jsonb_set(payload, '{url}', to_jsonb($2::text)) \
-             WHERE message_key = $1",
-            &[&key, &format!("https://127.0.0.1:{hole_port}/hook")],
-        )
-        .await
-        .unwrap();
+    update_past_the_door(
+        &db.client().await,
+        "UPDATE outbox.messages SET payload = jsonb_set(payload, '{url}', to_jsonb($2::text)) \
+         WHERE message_key = $1",
+        &[&key, &format!("https://127.0.0.1:{hole_port}/hook")],
+    )
+    .await;
     let row = wait_for_state(&db, key, "dead", WAIT).await;
     w.stop().await;
     assert_eq!(

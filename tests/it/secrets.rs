@@ -623,8 +623,7 @@ fn debug_of_what_holds_secrets_shows_none() {
     let read = payload::read(&text).unwrap();
     urls.parse(read.url().unwrap()).unwrap();
     let request = payload::check(&read, None).unwrap();
-    let (webhook, _) = outboxd::deliver::webhook::destination::read_and_route(&text);
-    assert!(webhook.is_some(), "the claim reads a payload this small");
+    let webhook = Some(payload::read(&text).unwrap());
     let claimed = outboxd::claim::Claimed {
         id: 1,
         key: "order-1".into(),
@@ -637,13 +636,15 @@ fn debug_of_what_holds_secrets_shows_none() {
         previous_class: None,
         reconcile: false,
         destination: Some("hooks.example.com:8443".into()),
-        webhook,
+        lookup_destination: None,
     };
 
     let outgoing = outboxd::deliver::Outgoing {
         key: "order-1",
         payload: &text,
-        webhook: claimed.webhook.as_ref(),
+        webhook: webhook.as_ref(),
+        destination: claimed.destination.as_deref(),
+        lookup_destination: None,
         previous: None,
         last_attempt: false,
         limits: None,

@@ -12,20 +12,9 @@ use std::path::PathBuf;
 const ALLOWED_UNWRAPS: &[(&str, &str, &str)] = &[];
 
 /// Known exceptions to "the lease module imports nothing from `crate::deliver`": (file, text
-/// on the line). The claim still reads each small webhook payload once and routes it
-/// (`deliver::webhook::destination`), handing the read payload to the attempt in
-/// `Claimed::webhook`; the list empties when routing is stored at the insert and the
-/// worker reads it.
-const KNOWN_DELIVER_IMPORTS_IN_LEASE: &[(&str, &str)] = &[
-    (
-        "src/claim.rs",
-        "use crate::deliver::webhook::destination::{Routing, read_and_route};",
-    ),
-    (
-        "src/claim.rs",
-        "use crate::deliver::webhook::payload::Read;",
-    ),
-];
+/// on the line). None: the insert names where a message goes, the claim returns the names,
+/// and the worker reads a claimed payload (`worker::attempt::Job`).
+const KNOWN_DELIVER_IMPORTS_IN_LEASE: &[(&str, &str)] = &[];
 
 /// The longest a file under `src/` may be, in lines: past it, a file holds more than one
 /// concern and is split into rooms named by noun.

@@ -286,6 +286,11 @@ impl WebhookSender {
                 "the message key has control characters and cannot be sent as a header",
             )
         })?;
+        // Last: a refusal of the guard's or of the key's says more than this one.
+        destination::check(&req.url, msg.destination, "url")?;
+        if let Some(url) = &req.reconcile {
+            destination::check(url, msg.lookup_destination, "reconcile.url")?;
+        }
         let timestamp = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())

@@ -40,9 +40,8 @@ fn reserved(name: &str) -> bool {
 const HEADER_ROOM: usize = 12;
 
 /// A webhook payload read from its JSON text, its members not yet checked: what
-/// [`read`] gives and [`check`] turns into a [`Request`]. The claim reads each webhook's
-/// payload once, takes its routing from it (`destination::routing_of`) and hands it to the
-/// attempt, so the text is scanned once per attempt, not twice.
+/// [`read`] gives and [`check`] turns into a [`Request`]. The claim reads each small
+/// webhook payload once, off the attempt's path, and hands it to the attempt.
 #[derive(Clone, Deserialize)]
 pub struct Read {
     url: Option<serde_json::Value>,
@@ -75,14 +74,6 @@ impl Read {
     /// `url`, when it is a string.
     pub fn url(&self) -> Option<&str> {
         self.url.as_ref().and_then(serde_json::Value::as_str)
-    }
-
-    /// `reconcile.url` is a string: the rule of `outbox.reconcilable`.
-    pub fn names_reconcile(&self) -> bool {
-        self.reconcile
-            .as_ref()
-            .and_then(|r| r.get("url"))
-            .is_some_and(serde_json::Value::is_string)
     }
 
     /// [`trace_headers`] of the payload this was read from, without reading it again.

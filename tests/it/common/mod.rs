@@ -476,6 +476,29 @@ impl RunningWorker {
     }
 }
 
+/// Runs `sql` (an UPDATE of stored messages) past the door, as only the table's owner can:
+/// with this session's triggers off, then naming every row's destinations again as the
+/// insert trigger would have. Tests use it to store what enqueue refuses, or to change a
+/// message under a running worker.
+pub async fn update_past_the_door(
+    c: &Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) {
+    c.batch_execute("SET session_replication_role = replica")
+        .await
+        .unwrap();
+    c.execute(sql, params).await.unwrap();
+    c.batch_execute(
+        "UPDATE outbox.messages SET destination = outbox.destination_of(channel, payload), \
+             lookup_destination = CASE WHEN channel = 'webhook' AND payload ? 'reconcile' \
+                 THEN outbox.destination_of(channel, payload -> 'reconcile') END; \
+         RESET session_replication_role",
+    )
+    .await
+    .unwrap();
+}
+
 /// Captures tracing output of the current thread (use with a current-thread runtime, the
 /// default of `#[tokio::test]`, so spawned tasks log into it too).
 #[derive(Clone, Default)]
