@@ -178,4 +178,11 @@ async fn a_change_committed_after_the_waiter_arrived_is_not_missed() {
         state, "cancelled",
         "the waiter's look comes after the commit"
     );
+    // The change that met the waiter at the gate notified; the waiter hears it once its own
+    // transaction at the gate has ended (notifications arrive between transactions).
+    let heard = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the change that met the waiter notified")
+        .unwrap();
+    assert_eq!(heard, "");
 }
