@@ -1055,6 +1055,43 @@ BEGIN
 END
 $$;
 
+-- Waiting for an outcome (the clients' `wait`): a session that waits for a message to
+-- settle LISTENs on outbox_settled, and a transaction that changes a message's state
+-- notifies there at commit, once per transaction, only while somebody waits. It is the
+-- wake-up of outbox_messages (outbox.wake_needed) for the other side of the table, with
+-- two locks of its own in the class 1869968482, so that the daemon's claims and
+-- completions pay one call per statement and no NOTIFY while nobody waits:
+--
+-- * (1869968482, 3), the waiter mark: every waiting session holds it in share mode.
+-- * (1869968482, 4), the settle gate: every state-changing transaction that decides not
+--   to notify holds it in share mode until it ends.
+--
+-- A waiter LISTENs, takes the mark, then waits until it holds the gate exclusively (every
+-- transaction that decided not to notify has ended and is visible), and only then looks
+-- the key up; after that it looks again on each notification. A transaction that probes
+-- after the mark was taken, or that meets a waiter at the gate, notifies.
+--   LISTEN outbox_settled;
+--   SELECT pg_advisory_lock_shared(1869968482, 3);
+--   BEGIN; SELECT pg_advisory_xact_lock(1869968482, 4); COMMIT;
+--   SELECT state FROM outbox.lookup('run-7:step-4:refund');  -- again on each notification
+-- No privilege is needed to wait beyond outbox.lookup's: advisory locks and LISTEN are
+-- open to every role, and this runs with the rights of whoever changes the row.
+CREATE FUNCTION outbox.wake_waiters() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1869968482, 4) THEN
+        PERFORM pg_catalog.pg_notify('outbox_settled', '');
+    ELSIF pg_catalog.pg_try_advisory_lock(1869968482, 3) THEN
+        PERFORM pg_catalog.pg_advisory_unlock(1869968482, 3);
+    ELSE
+        PERFORM pg_catalog.pg_notify('outbox_settled', '');
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 -- ======================================================================================
 -- Triggers: the fingerprint and checks of a plain INSERT, the wake-up, the history's upkeep
 -- ======================================================================================
@@ -1068,6 +1105,9 @@ CREATE TRIGGER messages_delete_history AFTER DELETE ON outbox.messages REFERENCI
 CREATE TRIGGER messages_notify AFTER INSERT ON outbox.messages FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_notify();
 
 CREATE TRIGGER messages_truncate_history AFTER TRUNCATE ON outbox.messages FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_truncate_history();
+
+-- Every change of state (claims, completions, the operators' actions) may end a wait.
+CREATE TRIGGER messages_wake_waiters AFTER UPDATE OF state ON outbox.messages FOR EACH STATEMENT EXECUTE FUNCTION outbox.wake_waiters();
 
 -- ======================================================================================
 -- Privileges: the SECURITY DEFINER functions run only for the roles sql/grants.sql names

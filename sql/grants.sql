@@ -25,6 +25,8 @@ $$;
 -- INSERT allows the plain `INSERT INTO outbox.messages (message_key, channel, payload)` path
 -- (without RETURNING, which would need SELECT); its `state` column may only be `pending` or
 -- `held` (the insert trigger refuses any other state, whoever inserts).
+-- Waiting for a key's outcome (LISTEN outbox_settled and the advisory locks described at
+-- outbox.wake_waiters) needs no grant beyond outbox.lookup.
 GRANT USAGE ON SCHEMA outbox TO outbox_app;
 GRANT EXECUTE ON FUNCTION
     outbox.enqueue(text, text, jsonb, timestamptz, integer, boolean, boolean, text),

@@ -39,6 +39,7 @@ mod smoke;
 mod ssrf;
 mod tidy;
 mod traces;
+mod waiting;
 mod wakeups;
 mod webhook;
 mod webhook_tls;

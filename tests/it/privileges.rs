@@ -11,7 +11,7 @@ use common::*;
 
 /// Login roles made for one test (role names are cluster-wide, so each test gets its own),
 /// dropped at the end even if the test fails.
-struct Roles {
+pub(crate) struct Roles {
     admin: tokio_postgres::Config,
     db: String,
     names: Vec<String>,
@@ -41,7 +41,7 @@ impl Drop for Roles {
 
 /// Applies sql/grants.sql with unique group-role names, and makes a login for each group.
 /// Returns (app login, worker login).
-async fn setup(db: &TestDb) -> (Roles, tokio_postgres::Config, tokio_postgres::Config) {
+pub(crate) async fn setup(db: &TestDb) -> (Roles, tokio_postgres::Config, tokio_postgres::Config) {
     let suffix = format!("{}_{}", std::process::id(), rand::random::<u32>());
     let (app, worker) = (
         format!("outbox_app_{suffix}"),
