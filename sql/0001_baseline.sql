@@ -53,6 +53,24 @@ ALTER TABLE outbox.attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     CACHE 1
 );
 
+-- A provider's API that `http` messages name: its base URL, the header its credential goes
+-- in and the NAME of the secret that fills it (each worker reads the value from
+-- OUTBOXD_SECRET_<NAME> or OUTBOXD_SECRET_<NAME>_FILE: never stored here), the header that
+-- carries the message key (NULL: the provider takes none), how long the provider remembers a
+-- key (NULL: unknown), and fixed headers that are no secret.
+CREATE TABLE outbox.endpoints (
+    name text NOT NULL,
+    url text NOT NULL,
+    auth_header text DEFAULT 'Authorization'::text NOT NULL,
+    auth_secret text,
+    idempotency_header text DEFAULT 'Idempotency-Key'::text,
+    key_ttl interval,
+    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT endpoints_name_check CHECK ((name ~ '^[a-z][a-z0-9_-]{0,62}$'::text))
+);
+
 CREATE TABLE outbox.destinations (
     host text NOT NULL,
     state text NOT NULL,
@@ -91,6 +109,7 @@ CREATE TABLE outbox.messages (
     ordering_key text,
     destination text,
     lookup_destination text,
+    first_attempt_at timestamp with time zone,
     CONSTRAINT messages_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT messages_cancelled_at_iff_cancelled CHECK (((state = 'cancelled'::text) = (cancelled_at IS NOT NULL))),
     CONSTRAINT messages_dead_at_iff_dead CHECK (((state = 'dead'::text) = (dead_at IS NOT NULL))),
@@ -113,6 +132,9 @@ ALTER TABLE outbox.messages ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 
 ALTER TABLE ONLY outbox.attempts
     ADD CONSTRAINT attempts_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY outbox.endpoints
+    ADD CONSTRAINT endpoints_pkey PRIMARY KEY (name);
 
 ALTER TABLE ONLY outbox.destinations
     ADD CONSTRAINT destinations_pkey PRIMARY KEY (host);
@@ -332,6 +354,18 @@ BEGIN
     RETURN host;
 END
 $_$;
+
+-- The destination of endpoint `name` (outbox.destination_of of its URL), NULL when there
+-- is no such endpoint. SECURITY DEFINER: the insert trigger runs with the inserting role's
+-- rights, and an application may name an endpoint without reading the table.
+CREATE FUNCTION outbox.endpoint_destination(name text) RETURNS text
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT outbox.destination_of('webhook', jsonb_build_object('url', e.url))
+    FROM outbox.endpoints e
+    WHERE e.name = endpoint_destination.name
+$$;
 
 -- The contract's enqueue: outbox.enqueue_row without the `created` flag.
 --   SELECT outbox.enqueue('order-42:refund', 'webhook', '{"url": "https://…"}', held => true);
@@ -630,6 +664,8 @@ BEGIN
                              OR jsonb_typeof(NEW.payload -> 'reconcile' -> 'url') = 'string')
                         AND (NOT NEW.payload ? 'store_response'
                              OR jsonb_typeof(NEW.payload -> 'store_response') = 'boolean')
+                    WHEN 'http' THEN
+                        jsonb_typeof(NEW.payload -> 'endpoint') = 'string'
                     WHEN 'email' THEN
                         (jsonb_typeof(NEW.payload -> 'to') = 'string'
                          AND btrim(NEW.payload ->> 'to') <> '')
@@ -662,6 +698,14 @@ BEGIN
         NEW.destination := outbox.destination_of(NEW.channel, NEW.payload);
         NEW.lookup_destination := CASE WHEN NEW.payload ? 'reconcile'
             THEN outbox.destination_of(NEW.channel, NEW.payload -> 'reconcile') END;
+    ELSIF NEW.channel = 'http' THEN
+        -- An http message goes to its endpoint's host, its lookup too.
+        NEW.destination := outbox.endpoint_destination(NEW.payload ->> 'endpoint');
+        IF NEW.destination IS NULL THEN
+            RAISE EXCEPTION 'payload.endpoint must name an endpoint of outbox.endpoints (outboxd endpoint list)'
+                USING ERRCODE = '22023', COLUMN = 'payload.endpoint';
+        END IF;
+        NEW.lookup_destination := CASE WHEN NEW.payload ? 'reconcile' THEN NEW.destination END;
     ELSE
         NEW.destination := NULL;
         NEW.lookup_destination := NULL;
@@ -939,8 +983,8 @@ BEGIN
             USING ERRCODE = '22023', COLUMN = 'message_key',
                   HINT = 'C0 and C1 controls, DEL, U+2028, U+2029 and bidirectional controls are refused';
     END IF;
-    IF channel IS NULL OR channel NOT IN ('webhook', 'email') THEN
-        RAISE EXCEPTION 'channel must be ''webhook'' or ''email'' (got %)', coalesce(quote_literal(channel), 'NULL')
+    IF channel IS NULL OR channel NOT IN ('webhook', 'http', 'email') THEN
+        RAISE EXCEPTION 'channel must be ''webhook'', ''http'' or ''email'' (got %)', coalesce(quote_literal(channel), 'NULL')
             USING ERRCODE = '22023', COLUMN = 'channel';
     END IF;
     IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
@@ -970,6 +1014,11 @@ BEGIN
         IF payload ? 'store_response' AND jsonb_typeof(payload -> 'store_response') <> 'boolean' THEN
             RAISE EXCEPTION 'payload.store_response must be true or false'
                 USING ERRCODE = '22023', COLUMN = 'payload.store_response';
+        END IF;
+    ELSIF channel = 'http' THEN
+        IF jsonb_typeof(payload -> 'endpoint') IS DISTINCT FROM 'string' THEN
+            RAISE EXCEPTION 'payload.endpoint must be the name of an endpoint'
+                USING ERRCODE = '22023', COLUMN = 'payload.endpoint';
         END IF;
     ELSIF channel = 'email' THEN
         IF NOT coalesce((jsonb_typeof(payload -> 'to') = 'string' AND btrim(payload ->> 'to') <> '')

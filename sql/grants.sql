@@ -46,6 +46,8 @@ GRANT USAGE ON SCHEMA outbox TO outbox_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.messages TO outbox_worker;
 GRANT SELECT, INSERT ON outbox.attempts TO outbox_worker;
 GRANT SELECT ON outbox.schema_migrations TO outbox_worker;
+-- Endpoints (`http` messages): every worker reads them; the operator CLI sets and removes them.
+GRANT SELECT ON outbox.endpoints TO outbox_worker;
 -- Circuit breakers (sql/0014): every worker counts failures, opens, probes and closes.
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.destinations TO outbox_worker;
 GRANT EXECUTE ON FUNCTION

@@ -6,7 +6,9 @@
 ///
 /// Candidates are `pending` rows whose `run_after` has passed, in `run_after, id` order.
 /// `FOR UPDATE SKIP LOCKED` lets any number of workers claim concurrently without ever
-/// returning one row twice. A claimed row becomes `running` with `attempts + 1` and a fresh
+/// returning one row twice. A claimed row becomes `running` with `attempts + 1` (a first
+/// attempt, the first since a replay too, records its start in `first_attempt_at`: a
+/// provider's key window counts from it) and a fresh
 /// random lease token, `$5`, made by the worker for this claim; every later write about
 /// this attempt must present that token (see [`COMPLETE`]). The rows of one claim share
 /// it: a write is fenced by the row's id and its token together, and a row claimed again
@@ -58,6 +60,7 @@ WITH due AS (
 UPDATE outbox.messages m SET
     state = 'running', attempts = m.attempts + 1, lease_owner = $3::text,
     lease_token = $5::uuid,
+    first_attempt_at = CASE WHEN m.attempts = 0 THEN now() ELSE m.first_attempt_at END,
     lease_expires_at = now() + make_interval(secs => $4::float8),
     updated_at = now()
 WHERE m.id = ANY(ARRAY(SELECT id FROM due))
