@@ -11,17 +11,21 @@ pub enum Channel {
     Webhook,
     /// An e-mail through the configured SMTP relay.
     Email,
+    /// A call to a provider's API, through an endpoint of `outbox.endpoints` whose
+    /// credentials the daemon holds.
+    Http,
 }
 
 impl Channel {
     /// Every channel.
-    pub const ALL: [Channel; 2] = [Channel::Webhook, Channel::Email];
+    pub const ALL: [Channel; 3] = [Channel::Webhook, Channel::Email, Channel::Http];
 
     /// The text stored in the database.
     pub fn as_str(self) -> &'static str {
         match self {
             Channel::Webhook => "webhook",
             Channel::Email => "email",
+            Channel::Http => "http",
         }
     }
 

@@ -229,7 +229,7 @@ fn longest_attempt(input: &RunInput, channels: &[Channel]) -> Duration {
     channels
         .iter()
         .map(|c| match c {
-            Channel::Webhook => input.webhook_timeout,
+            Channel::Webhook | Channel::Http => input.webhook_timeout,
             Channel::Email => input.smtp_timeout,
         })
         .max()

@@ -216,7 +216,7 @@ impl Deliverers {
     /// claimed rows do not queue for a connection while their leases run.
     pub fn capacity(&self, channel: Channel) -> Option<usize> {
         match channel {
-            Channel::Webhook => None,
+            Channel::Webhook | Channel::Http => None,
             Channel::Email => self.email.as_ref().map(|e| e.max_connections()),
         }
     }
@@ -226,6 +226,7 @@ impl Deliverers {
         match channel {
             Channel::Webhook => Some(self.webhook.timeout()),
             Channel::Email => self.email.as_ref().map(|e| e.timeout()),
+            Channel::Http => None,
         }
     }
 
@@ -244,6 +245,9 @@ impl Deliverers {
                     "the email channel is not configured on this worker",
                 )),
             },
+            Channel::Http => Ready::Refused(DeliveryError::invalid(
+                "the http channel is not served by this worker",
+            )),
         }
     }
 }
@@ -286,6 +290,8 @@ pub fn redact_payload(channel: Channel, mut payload: serde_json::Value) -> serde
     match channel {
         Channel::Webhook => webhook::redact::redact(fields),
         Channel::Email => email::redact::redact(fields),
+        // Until the channel owns its redaction: the endpoint's name and the method only.
+        Channel::Http => fields.retain(|k, _| k == "endpoint" || k == "method"),
     }
     payload
 }

@@ -382,7 +382,9 @@ fn record_end(span: &tracing::Span, channel: Channel, completion: &Completion) {
     }
     if let Some(status) = completion.status {
         match channel {
-            Channel::Webhook => span.record("http.response.status_code", i64::from(status)),
+            Channel::Webhook | Channel::Http => {
+                span.record("http.response.status_code", i64::from(status))
+            }
             Channel::Email => span.record("outbox.status", i64::from(status)),
         };
     }

@@ -1127,10 +1127,10 @@ async fn enqueue_held_from_the_cli_keeps_the_dedup_rule() {
             .find(|l| l.split_whitespace().next() == Some(state))
             .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
     };
-    assert_eq!(line("held").as_deref(), Some("1 0 1"), "{}", out.stdout);
+    assert_eq!(line("held").as_deref(), Some("1 0 0 1"), "{}", out.stdout);
     assert_eq!(
         line("cancelled").as_deref(),
-        Some("0 0 0"),
+        Some("0 0 0 0"),
         "{}",
         out.stdout
     );
