@@ -8,10 +8,9 @@
 use std::time::SystemTime;
 
 use serde_json::Value;
-use serde_json::value::RawValue;
 use tokio_postgres::GenericClient;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::{Json, ToSql, Type};
+use tokio_postgres::types::{ToSql, Type};
 
 use crate::model::Channel;
 use crate::queries;
@@ -164,7 +163,7 @@ pub enum EnqueueError {
         message: String,
     },
     /// Any other database error (connection lost, permission denied, …).
-    #[error("database error: {}", crate::db::describe(.0))]
+    #[error("database error: {}", crate::support::describe(.0))]
     Database(#[source] tokio_postgres::Error),
 }
 
@@ -229,7 +228,7 @@ impl std::fmt::Debug for EnqueueError {
                 .finish(),
             EnqueueError::Database(e) => f
                 .debug_tuple("Database")
-                .field(&crate::db::describe(e))
+                .field(&crate::support::describe(e))
                 .finish(),
         }
     }
@@ -250,13 +249,14 @@ pub async fn enqueue<C: GenericClient>(
 /// `1.2345678901234568e22`), and the same payload text enqueued from SQL and then from the
 /// command line would be refused as a conflict. jsonb parses the text itself, keeping
 /// every digit, as the SQL path does.
+#[cfg(feature = "daemon")]
 pub(crate) async fn enqueue_json_text<C: GenericClient>(
     client: &C,
     msg: &NewMessage,
-    payload: &RawValue,
+    payload: &serde_json::value::RawValue,
 ) -> Result<Enqueued, EnqueueError> {
     // A `RawValue` serialises as its text, byte for byte.
-    enqueue_with(client, msg, &Json(payload))
+    enqueue_with(client, msg, &tokio_postgres::types::Json(payload))
         .await
         .map_err(|e| match e {
             EnqueueError::Database(err) => payload_refused(err),
@@ -272,6 +272,7 @@ pub(crate) async fn enqueue_json_text<C: GenericClient>(
 /// other parameters are bound in binary, and the SQL checks raise 22023), so these are the
 /// payload's fault: bad input naming it, without the database's DETAIL and CONTEXT, which
 /// quote the payload.
+#[cfg(feature = "daemon")]
 fn payload_refused(err: tokio_postgres::Error) -> EnqueueError {
     let Some(db) = err.as_db_error() else {
         return EnqueueError::Database(err);

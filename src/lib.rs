@@ -53,39 +53,54 @@
 //! * [`telemetry`]: traces, a span per attempt over OTLP/HTTP, off unless an endpoint is set.
 //! * [`text`]: stored text made safe to print (control characters as visible escapes).
 
+#[cfg(feature = "daemon")]
 #[doc(hidden)]
 pub mod claim;
+#[cfg(feature = "daemon")]
 #[doc(hidden)]
 pub mod cli;
+#[cfg(feature = "daemon")]
 pub mod config;
+#[cfg(feature = "daemon")]
 #[doc(hidden)]
 pub mod console;
+#[cfg(feature = "daemon")]
 #[doc(hidden)]
 pub mod db;
+#[cfg(feature = "daemon")]
 pub mod deliver;
 pub mod enqueue;
+#[cfg(feature = "daemon")]
 #[doc(hidden)]
 pub mod logging;
 pub mod lookup;
+#[cfg(feature = "daemon")]
 #[doc(hidden)]
 pub mod metrics;
+#[cfg(feature = "daemon")]
 pub mod migrate;
 pub mod model;
+#[cfg(feature = "daemon")]
 #[doc(hidden)]
 pub mod ops;
 #[doc(hidden)]
 pub mod queries;
+#[cfg(feature = "daemon")]
 #[doc(hidden)]
 pub mod retry;
+#[cfg(feature = "daemon")]
 #[doc(hidden)]
 pub mod state;
+#[cfg(feature = "daemon")]
 #[doc(hidden)]
 pub mod status;
 #[doc(hidden)]
 pub mod support;
+#[cfg(feature = "daemon")]
 pub mod telemetry;
 #[doc(hidden)]
 pub mod text;
+#[cfg(feature = "daemon")]
 pub mod worker;
 
 pub use enqueue::{EnqueueError, Enqueued, NewMessage, enqueue, enqueue_many};
@@ -94,7 +109,7 @@ pub use model::{Channel, ErrorClass, State};
 
 /// The Rust snippets of README.md and `docs/`, compiled by `cargo test --doc`, so that what a
 /// newcomer copies builds (`tests/it/docs.rs` checks that every page with one is here).
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "daemon"))]
 pub mod doc_snippets {
     #[doc = include_str!("../README.md")]
     pub struct Readme;

@@ -107,7 +107,7 @@ pub enum LookupError {
         value: String,
     },
     /// Any other database error (connection lost, permission denied, …).
-    #[error("database error: {}", crate::db::describe(.0))]
+    #[error("database error: {}", crate::support::describe(.0))]
     Database(#[source] tokio_postgres::Error),
 }
 

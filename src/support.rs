@@ -112,6 +112,22 @@ impl From<NotUtf8> for crate::model::ConfigError {
     }
 }
 
+/// One line about a database error: the SQLSTATE and the server's message, or the
+/// connection problem. tokio-postgres's own Display says only "db error". The server's
+/// DETAIL is left out on purpose: for a constraint violation it quotes the failing row,
+/// payload included.
+pub fn describe(err: &tokio_postgres::Error) -> String {
+    if let Some(db) = err.as_db_error() {
+        return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    }
+    let mut out = err.to_string();
+    for e in crate::support::causes(err) {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ mod breakers;
 mod checkpoints;
 mod cli;
 mod cli_bad_args;
+mod client_build;
 mod console;
 mod daemon;
 mod demo;
