@@ -1261,7 +1261,7 @@ BEGIN
         WHERE m.id = ANY(message_ids) AND m.error_class = 'ambiguous'
           AND outbox.key_expires_at(m.channel, m.payload, m.attempts, m.first_attempt_at) <= now();
         IF v_lapsed IS NOT NULL THEN
-            RAISE EXCEPTION 'may have taken effect and the provider may have forgotten its key, so not replayed: %; ask the provider, then confirm it, or replay it with force; nothing replayed', v_lapsed
+            RAISE EXCEPTION 'may have taken effect and the provider may have forgotten its key, so not replayed: %; ask the provider, then confirm it if it took effect, or replay it with force (outboxd replay --force) to send it once more; nothing replayed', v_lapsed
                 USING ERRCODE = '55000';
         END IF;
     END IF;

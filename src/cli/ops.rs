@@ -195,6 +195,9 @@ fn print_message(detail: &MessageDetail) {
     if let Some(t) = &detail.cancelled_at {
         out!("  cancelled_at {t}");
     }
+    if let Some(t) = &detail.key_expires_at {
+        out!("  key window   the provider remembers its key until {t}");
+    }
     if detail.error_class.is_some() {
         out!(
             "  error        {}: {}",
@@ -301,12 +304,13 @@ pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> 
     };
     let actor = operator()?;
     let mut client = connect(env).await?;
-    let replayed = crate::ops::replay(&mut client, &selection, &actor, args.dry_run)
-        .await
-        .map_err(|e| match e {
-            ReplayError::Database(e) => db_failed("replay failed", &e),
-            refused => CliError::Refused(refused.to_string()),
-        })?;
+    let replayed =
+        crate::ops::replay_forced(&mut client, &selection, &actor, args.dry_run, args.force)
+            .await
+            .map_err(|e| match e {
+                ReplayError::Database(e) => db_failed("replay failed", &e),
+                refused => CliError::Refused(refused.to_string()),
+            })?;
     for (id, key) in &replayed {
         out!(
             "{} {id} {}",

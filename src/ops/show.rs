@@ -77,6 +77,10 @@ pub struct MessageDetail {
     pub cancelled_at: Option<String>,
     /// Its ordering group, if any.
     pub ordering_key: Option<String>,
+    /// When its provider's key window closes (RFC 3339): the first attempt's start plus
+    /// its endpoint's `key_ttl`. None but for an http message attempted at least once
+    /// whose endpoint has a `key_ttl`.
+    pub key_expires_at: Option<String>,
     /// Every attempt and operator action, oldest first.
     pub history: Vec<AttemptRecord>,
     /// What an operator can do about it now ([`next_steps`]): empty but for a dead letter.
@@ -186,6 +190,7 @@ pub async fn show<C: GenericClient>(
         dead_at: ts(17),
         cancelled_at: ts(18),
         ordering_key: r.get(19),
+        key_expires_at: ts(20),
         history: Vec::new(),
         next_steps: Vec::new(),
     };
