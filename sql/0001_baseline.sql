@@ -597,7 +597,8 @@ $$;
 -- A header name as HTTP writes one (a token: RFC 9110's tchar, at most 128 characters)
 -- that outboxd does not set itself: the body's type and length and the host are the
 -- worker's, and the framing (hop-by-hop) headers would let a value redraw the request.
--- `auth_header` and `idempotency_header` are the endpoint's, compared without regard to case.
+-- `auth_header` and `idempotency_header` are the endpoint's, compared without regard to case
+-- (and with `_` for `-`).
 CREATE FUNCTION outbox.http_header_name_problem(header text, field text, auth_header text DEFAULT NULL::text, idempotency_header text DEFAULT NULL::text) RETURNS text[]
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -607,9 +608,12 @@ BEGIN
         RETURN ARRAY[field, format('%s: %s is not a header name (1 to 128 letters, digits or !#$%%&''*+.^_`|~-)',
                                    field, coalesce(quote_literal(left(header, 64)), 'NULL'))];
     END IF;
-    IF lower(header) IN ('content-type', 'content-length', 'host', 'transfer-encoding', 'te',
-                         'trailer', 'upgrade', 'connection', 'keep-alive', 'proxy-connection')
-       OR lower(header) = lower(auth_header) OR lower(header) = lower(idempotency_header) THEN
+    -- `_` compares as `-`: a CGI, WSGI or Rack server reads `Content_Type` as `Content-Type`.
+    IF translate(lower(header), '_', '-') IN ('content-type', 'content-length', 'host',
+                         'transfer-encoding', 'te', 'trailer', 'upgrade', 'connection',
+                         'keep-alive', 'proxy-connection')
+       OR translate(lower(header), '_', '-') = translate(lower(auth_header), '_', '-')
+       OR translate(lower(header), '_', '-') = translate(lower(idempotency_header), '_', '-') THEN
         RETURN ARRAY[field, format('%s must not set %s: outboxd sets it (the body''s type and length, the host, the framing, the endpoint''s credential and idempotency key)',
                                    field, header)];
     END IF;

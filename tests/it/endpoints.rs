@@ -816,6 +816,14 @@ async fn http_payloads_are_checked_at_enqueue() {
             "payload.headers",
         ),
         (
+            json!({"endpoint": "pay", "headers": {"Idempotency_Key": "k"}}),
+            "payload.headers",
+        ),
+        (
+            json!({"endpoint": "pay", "headers": {"Content_Type": "text/plain"}}),
+            "payload.headers",
+        ),
+        (
             json!({"endpoint": "keyed", "headers": {"x-api-key": "k"}}),
             "payload.headers",
         ),
