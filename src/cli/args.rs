@@ -111,6 +111,13 @@ const ENVIRONMENT: &[EnvSetting] = &[
         console: false,
     },
     EnvSetting {
+        name: "OUTBOXD_SECRET_<NAME>",
+        meaning: "an endpoint's credential (NAME: its auth_secret, upper-cased), the whole \
+             header value (Bearer sk_...); or OUTBOXD_SECRET_<NAME>_FILE, a file holding it",
+        run: true,
+        console: false,
+    },
+    EnvSetting {
         name: "OUTBOXD_ALLOW_PRIVATE_NETWORKS",
         meaning: "true: webhooks may go to loopback, private and reserved addresses (refused by \
              default, the message dead with class invalid)",
@@ -646,7 +653,12 @@ mod tests {
     fn settings_read_their_variable_and_one_shot_flags_none() {
         let cli = super::Cli::command();
         let mut wrong = Vec::new();
-        for sub in cli.get_subcommands() {
+        // Nested commands too (`endpoint set`): one-shot like their parent.
+        let nested: Vec<&clap::Command> = cli
+            .get_subcommands()
+            .flat_map(|s| std::iter::once(s).chain(s.get_subcommands()))
+            .collect();
+        for sub in nested {
             let long_running = matches!(sub.get_name(), "run" | "console");
             for arg in sub.get_arguments() {
                 let Some(long) = arg.get_long() else {
