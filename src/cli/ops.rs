@@ -226,9 +226,11 @@ fn print_next_steps(detail: &MessageDetail) {
         out!(
             "  next steps   it may have taken effect: ask the provider, then `outboxd confirm {id}` if it did,"
         );
-        out!(
-            "               `outboxd replay {id}` if it did not (same key), or `outboxd cancel {id}`"
-        );
+        let replay = steps
+            .iter()
+            .find(|s| s.action == "replay")
+            .map_or_else(|| format!("outboxd replay {id}"), |s| s.command.clone());
+        out!("               `{replay}` if it did not (same key), or `outboxd cancel {id}`");
     } else {
         out!(
             "  next steps   `outboxd replay {id}` once the cause is fixed (same key), or `outboxd cancel {id}`"

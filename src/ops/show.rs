@@ -195,6 +195,22 @@ pub async fn show<C: GenericClient>(
         next_steps: Vec::new(),
     };
     detail.next_steps = next_steps(detail.id, &detail.state, detail.error_class.as_deref());
+    // After the provider's key window, a replay of a message that may have taken effect is
+    // refused unless forced (`outbox.replay`): say so where the step is offered.
+    if r.try_get::<_, bool>(21).unwrap_or(false)
+        && detail.error_class.as_deref() == Some("ambiguous")
+    {
+        for step in detail
+            .next_steps
+            .iter_mut()
+            .filter(|s| s.action == "replay")
+        {
+            step.command.push_str(" --force");
+            step.when = "it did not take effect, and a person decides to send it once more: \
+                         the provider may have forgotten the key"
+                .to_owned();
+        }
+    }
     for a in client
         .query_typed(queries::SHOW_ATTEMPTS, &[(id, Type::INT8)])
         .await?

@@ -64,13 +64,15 @@ SELECT id, message_key FROM outbox.messages
 WHERE id = ANY($1::bigint[]) OR message_key = ANY($2::text[])
 "#;
 
-/// One message with every column an operator may want, by id (`$1`), and when its
-/// provider's key window closes (`outbox.key_expires_at`: http only, NULL otherwise).
+/// One message with every column an operator may want, by id (`$1`), when its provider's
+/// key window closes (`outbox.key_expires_at`: http only, NULL otherwise) and whether it
+/// has closed (by the database's clock).
 pub const SHOW_MESSAGE: &str = r#"
 SELECT id, message_key, channel, state, attempts, max_attempts, retry_ambiguous, payload,
        run_after, lease_owner, lease_expires_at, error_class, last_error, response,
        created_at, updated_at, delivered_at, dead_at, cancelled_at, ordering_key,
-       outbox.key_expires_at(channel, payload, attempts, first_attempt_at)
+       outbox.key_expires_at(channel, payload, attempts, first_attempt_at),
+       coalesce(outbox.key_expires_at(channel, payload, attempts, first_attempt_at) <= now(), false)
 FROM outbox.messages WHERE id = $1
 "#;
 

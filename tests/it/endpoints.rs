@@ -1375,8 +1375,18 @@ async fn the_key_window_in_lookup_and_show() {
         "{}",
         out.stdout
     );
+    // Its window closed: the replay it offers is forced, and says why.
+    assert!(
+        out.stdout.contains(&format!(
+            "`outboxd replay {} --force` if it did not",
+            row(&db, "w:1").await.id
+        )),
+        "{}",
+        out.stdout
+    );
     let out = cli(&db, &["show", "w:2"]).await;
     assert!(!out.stdout.contains("key window"), "{}", out.stdout);
+    assert!(!out.stdout.contains("--force"), "{}", out.stdout);
 }
 
 #[tokio::test]
