@@ -367,6 +367,24 @@ CREATE FUNCTION outbox.endpoint_destination(name text) RETURNS text
     WHERE e.name = endpoint_destination.name
 $$;
 
+-- What the insert trigger needs of endpoint `name`: its destination and the two header
+-- names a payload may not set; all NULL when there is no such endpoint. SECURITY DEFINER,
+-- as outbox.endpoint_destination: an application names an endpoint without reading the
+-- table (and learns nothing here that is secret).
+CREATE FUNCTION outbox.endpoint_for_insert(name text, OUT destination text, OUT auth_header text, OUT idempotency_header text) RETURNS record
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    SELECT outbox.destination_of('webhook', jsonb_build_object('url', e.url)), e.auth_header,
+           e.idempotency_header
+    INTO endpoint_for_insert.destination, endpoint_for_insert.auth_header,
+         endpoint_for_insert.idempotency_header
+    FROM outbox.endpoints e
+    WHERE e.name = endpoint_for_insert.name;
+END
+$$;
+
 -- The contract's enqueue: outbox.enqueue_row without the `created` flag.
 --   SELECT outbox.enqueue('order-42:refund', 'webhook', '{"url": "https://…"}', held => true);
 --   SELECT outbox.enqueue('order-42:shipped', 'webhook', '{"url": "https://…"}',
@@ -570,6 +588,243 @@ BEGIN
 END
 $$;
 
+-- ======================================================================================
+-- The http channel's rules: one owner for each, used by the insert trigger (its fast path
+-- and its named errors), outbox.validate and outbox.set_endpoint. Each returns NULL when
+-- the value is fine, else ARRAY[field, one-line message] for a 22023 naming the field.
+-- ======================================================================================
+
+-- A header name as HTTP writes one (a token: RFC 9110's tchar, at most 128 characters)
+-- that outboxd does not set itself: the body's type and length and the host are the
+-- worker's, and the framing (hop-by-hop) headers would let a value redraw the request.
+-- `auth_header` and `idempotency_header` are the endpoint's, compared without regard to case
+-- (and with `_` for `-`).
+CREATE FUNCTION outbox.http_header_name_problem(header text, field text, auth_header text DEFAULT NULL::text, idempotency_header text DEFAULT NULL::text) RETURNS text[]
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+BEGIN
+    IF header IS NULL OR header !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,128}$' THEN
+        RETURN ARRAY[field, format('%s: %s is not a header name (1 to 128 letters, digits or !#$%%&''*+.^_`|~-)',
+                                   field, coalesce(quote_literal(left(header, 64)), 'NULL'))];
+    END IF;
+    -- `_` compares as `-`: a CGI, WSGI or Rack server reads `Content_Type` as `Content-Type`.
+    IF translate(lower(header), '_', '-') IN ('content-type', 'content-length', 'host',
+                         'transfer-encoding', 'te', 'trailer', 'upgrade', 'connection',
+                         'keep-alive', 'proxy-connection')
+       OR translate(lower(header), '_', '-') = translate(lower(auth_header), '_', '-')
+       OR translate(lower(header), '_', '-') = translate(lower(idempotency_header), '_', '-') THEN
+        RETURN ARRAY[field, format('%s must not set %s: outboxd sets it (the body''s type and length, the host, the framing, the endpoint''s credential and idempotency key)',
+                                   field, header)];
+    END IF;
+    RETURN NULL;
+END
+$_$;
+
+-- Fixed or per-message headers: an object of string values (one line each, at most 8192
+-- characters) whose names pass outbox.http_header_name_problem.
+CREATE FUNCTION outbox.http_headers_problem(headers jsonb, field text, auth_header text DEFAULT NULL::text, idempotency_header text DEFAULT NULL::text) RETURNS text[]
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_name    text;
+    v_value   jsonb;
+    v_problem text[];
+BEGIN
+    IF jsonb_typeof(headers) IS DISTINCT FROM 'object' THEN
+        RETURN ARRAY[field, field || ' must be an object of header names and string values'];
+    END IF;
+    FOR v_name, v_value IN SELECT h.key, h.value FROM jsonb_each(headers) h LOOP
+        v_problem := outbox.http_header_name_problem(v_name, field, auth_header, idempotency_header);
+        IF v_problem IS NOT NULL THEN
+            RETURN v_problem;
+        END IF;
+        IF jsonb_typeof(v_value) <> 'string' THEN
+            RETURN ARRAY[field, format('%s.%s must be a string', field, v_name)];
+        END IF;
+        IF char_length(v_value #>> '{}') > 8192
+           OR (v_value #>> '{}') ~ E'[\\u0001-\\u0008\\u000a-\\u001f\\u007f]' THEN
+            RETURN ARRAY[field, format('%s.%s must be one line of at most 8192 characters without control characters',
+                                       field, v_name)];
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+-- A request path, appended to an endpoint's URL: a string that starts with one `/` (`//`
+-- would name another host), at most 2048 characters, with no control characters or spaces,
+-- no backslash (read as `/` by some parsers), no `?` or `#` (a query goes in `query`), no
+-- dot segment (`.` or `..`, also written `%2e`, between `/`, `%2f` or `%5c`), and `%` only
+-- as a two-digit escape. It never leaves the endpoint's host, and never climbs above the
+-- endpoint's base path. `{key}` is the message key's placeholder, filled by the worker.
+CREATE FUNCTION outbox.http_path_problem(path jsonb, field text) RETURNS text[]
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+DECLARE
+    p text;
+BEGIN
+    IF jsonb_typeof(path) IS DISTINCT FROM 'string' THEN
+        RETURN ARRAY[field, field || ' must be a string starting with /'];
+    END IF;
+    p := path #>> '{}';
+    IF char_length(p) > 2048 THEN
+        RETURN ARRAY[field, format('%s must be at most 2048 characters (got %s)', field, char_length(p))];
+    END IF;
+    IF left(p, 1) <> '/' THEN
+        RETURN ARRAY[field, field || ' must start with /'];
+    END IF;
+    IF left(p, 2) = '//' THEN
+        RETURN ARRAY[field, field || ' must not start with // (it would name another host)'];
+    END IF;
+    IF p ~ E'[\\u0001-\\u0020\\u007f-\\u009f\\u00a0\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]' THEN
+        RETURN ARRAY[field, field || ' must not contain spaces or control characters (percent-encode them)'];
+    END IF;
+    IF strpos(p, E'\\') > 0 THEN
+        RETURN ARRAY[field, field || ' must not contain a backslash'];
+    END IF;
+    IF p ~ '[?#]' THEN
+        RETURN ARRAY[field, field || ' must not contain ? or # (put the query in query)'];
+    END IF;
+    IF p ~* '(^|/|%2f|%5c)(\.|%2e){1,2}(/|%2f|%5c|$)' THEN
+        RETURN ARRAY[field, field || ' must not contain . or .. segments'];
+    END IF;
+    IF p ~ '%([^0-9A-Fa-f]|[0-9A-Fa-f][^0-9A-Fa-f]|[0-9A-Fa-f]?$)' THEN
+        RETURN ARRAY[field, field || ' must use % only in two-hex-digit escapes'];
+    END IF;
+    RETURN NULL;
+END
+$_$;
+
+-- A query: an object whose values are strings, numbers or booleans (the worker encodes
+-- them; `{key}` in a value is the message key).
+CREATE FUNCTION outbox.http_query_problem(query jsonb, field text) RETURNS text[]
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_bad text;
+BEGIN
+    IF jsonb_typeof(query) IS DISTINCT FROM 'object' THEN
+        RETURN ARRAY[field, field || ' must be an object of names and values'];
+    END IF;
+    SELECT q.key INTO v_bad FROM jsonb_each(query) q
+    WHERE jsonb_typeof(q.value) NOT IN ('string', 'number', 'boolean')
+    LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        RETURN ARRAY[field, format('%s.%s must be a string, a number or a boolean', field, left(v_bad, 64))];
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- An http payload's rules, given the endpoint's auth and idempotency headers (NULL when
+-- unknown: the rules that need them are then checked by the insert trigger). Members:
+-- endpoint (a string), method (POST, PUT, PATCH or DELETE), path, query, form (an object)
+-- or json (any value), headers, store_response (a boolean), reconcile (an object: method
+-- GET, path, query, found: a JSON pointer). Any other member is refused, so that a
+-- webhook's `body` or `url` written by mistake is not silently dropped.
+CREATE FUNCTION outbox.http_payload_problem(payload jsonb, auth_header text DEFAULT NULL::text, idempotency_header text DEFAULT NULL::text) RETURNS text[]
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_bad     text;
+    v_problem text[];
+    v_rec     jsonb;
+BEGIN
+    IF jsonb_typeof(payload) IS DISTINCT FROM 'object' THEN
+        RETURN ARRAY['payload', 'payload must be a JSON object'];
+    END IF;
+    IF jsonb_typeof(payload -> 'endpoint') IS DISTINCT FROM 'string' THEN
+        RETURN ARRAY['payload.endpoint', 'payload.endpoint must be the name of an endpoint'];
+    END IF;
+    SELECT k INTO v_bad FROM jsonb_object_keys(payload) k
+    WHERE k NOT IN ('endpoint', 'method', 'path', 'query', 'form', 'json', 'headers',
+                    'store_response', 'reconcile')
+    ORDER BY k LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        RETURN ARRAY['payload', format('payload.%s is not a member of an http payload (endpoint, method, path, query, form, json, headers, store_response, reconcile)',
+                                       left(v_bad, 64))];
+    END IF;
+    IF payload ? 'method' AND coalesce(payload ->> 'method' NOT IN ('POST', 'PUT', 'PATCH', 'DELETE')
+                                       OR jsonb_typeof(payload -> 'method') <> 'string', true) THEN
+        RETURN ARRAY['payload.method', 'payload.method must be POST, PUT, PATCH or DELETE'];
+    END IF;
+    IF payload ? 'path' THEN
+        v_problem := outbox.http_path_problem(payload -> 'path', 'payload.path');
+        IF v_problem IS NOT NULL THEN RETURN v_problem; END IF;
+    END IF;
+    IF payload ? 'query' THEN
+        v_problem := outbox.http_query_problem(payload -> 'query', 'payload.query');
+        IF v_problem IS NOT NULL THEN RETURN v_problem; END IF;
+    END IF;
+    IF payload ? 'form' AND payload ? 'json' THEN
+        RETURN ARRAY['payload.form', 'payload.form and payload.json: give at most one (the body is a form or JSON)'];
+    END IF;
+    IF payload ? 'form' AND jsonb_typeof(payload -> 'form') <> 'object' THEN
+        RETURN ARRAY['payload.form', 'payload.form must be an object'];
+    END IF;
+    IF payload ? 'headers' THEN
+        v_problem := outbox.http_headers_problem(payload -> 'headers', 'payload.headers',
+                                                 auth_header, idempotency_header);
+        IF v_problem IS NOT NULL THEN RETURN v_problem; END IF;
+    END IF;
+    IF payload ? 'store_response' AND jsonb_typeof(payload -> 'store_response') <> 'boolean' THEN
+        RETURN ARRAY['payload.store_response', 'payload.store_response must be true or false'];
+    END IF;
+    IF payload ? 'reconcile' THEN
+        v_rec := payload -> 'reconcile';
+        IF jsonb_typeof(v_rec) <> 'object' THEN
+            RETURN ARRAY['payload.reconcile', 'payload.reconcile must be an object (method, path, query, found)'];
+        END IF;
+        SELECT k INTO v_bad FROM jsonb_object_keys(v_rec) k
+        WHERE k NOT IN ('method', 'path', 'query', 'found')
+        ORDER BY k LIMIT 1;
+        IF v_bad IS NOT NULL THEN
+            RETURN ARRAY['payload.reconcile', format('payload.reconcile.%s is not a member of a lookup (method, path, query, found)',
+                                                     left(v_bad, 64))];
+        END IF;
+        IF v_rec ? 'method' AND v_rec -> 'method' <> '"GET"'::jsonb THEN
+            RETURN ARRAY['payload.reconcile.method', 'payload.reconcile.method must be GET (a lookup changes nothing)'];
+        END IF;
+        IF v_rec ? 'path' THEN
+            v_problem := outbox.http_path_problem(v_rec -> 'path', 'payload.reconcile.path');
+            IF v_problem IS NOT NULL THEN RETURN v_problem; END IF;
+        END IF;
+        IF v_rec ? 'query' THEN
+            v_problem := outbox.http_query_problem(v_rec -> 'query', 'payload.reconcile.query');
+            IF v_problem IS NOT NULL THEN RETURN v_problem; END IF;
+        END IF;
+        IF v_rec ? 'found' AND coalesce(jsonb_typeof(v_rec -> 'found') <> 'string'
+                                        OR (v_rec ->> 'found') !~ '^(/([^~]|~[01])*)*$', true) THEN
+            RETURN ARRAY['payload.reconcile.found', 'payload.reconcile.found must be a JSON pointer: empty, or starting with / (~ only as ~0 or ~1)'];
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- The provider's memory: when the key window of an http message closes, the start of its
+-- first attempt (since its last replay) plus its endpoint's key_ttl. NULL for another
+-- channel, before a first attempt (attempts = 0, also after a replay), without a key_ttl,
+-- or when the endpoint is gone. The one owner of the rule: outbox.lookup, `outboxd show`
+-- and outbox.replay read it here.
+CREATE FUNCTION outbox.key_expires_at(channel text, payload jsonb, attempts integer, first_attempt_at timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF channel IS DISTINCT FROM 'http' OR coalesce(attempts, 0) < 1 OR first_attempt_at IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN first_attempt_at + (SELECT e.key_ttl FROM outbox.endpoints e
+                               WHERE e.name = key_expires_at.payload ->> 'endpoint');
+END
+$$;
+
 -- The three actions' shared first step: its errors name the actions' parameter, `ids`.
 CREATE FUNCTION outbox.lock_named(message_ids bigint[], verb text) RETURNS void
     LANGUAGE plpgsql
@@ -598,13 +853,14 @@ BEGIN
 END
 $$;
 
--- What is known of one side effect, by its key: no row for an unknown key. No payload (an
+-- What is known of one side effect, by its key: no row for an unknown key, and for an http
+-- message when its provider's key window closes (outbox.key_expires_at). No payload (an
 -- application role may call it, and payloads are not its to read). A key no enqueue could
 -- have stored (NULL, empty, over 255 characters, control characters) raises 22023 naming
 -- `message_key`, as enqueue would: a tool wrapper that built such a key has a bug to see.
 -- SECURITY DEFINER: the caller needs no right on the table.
 --   SELECT * FROM outbox.lookup('run-7:step-3:refund');
-CREATE FUNCTION outbox.lookup(message_key text) RETURNS TABLE(id bigint, state text, attempts integer, max_attempts integer, error_class text, last_error text, response jsonb, created_at timestamp with time zone, updated_at timestamp with time zone, delivered_at timestamp with time zone, dead_at timestamp with time zone, cancelled_at timestamp with time zone)
+CREATE FUNCTION outbox.lookup(message_key text) RETURNS TABLE(id bigint, state text, attempts integer, max_attempts integer, error_class text, last_error text, response jsonb, created_at timestamp with time zone, updated_at timestamp with time zone, delivered_at timestamp with time zone, dead_at timestamp with time zone, cancelled_at timestamp with time zone, key_expires_at timestamp with time zone)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -627,7 +883,8 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT m.id, m.state, m.attempts, m.max_attempts, m.error_class, m.last_error, m.response,
-           m.created_at, m.updated_at, m.delivered_at, m.dead_at, m.cancelled_at
+           m.created_at, m.updated_at, m.delivered_at, m.dead_at, m.cancelled_at,
+           outbox.key_expires_at(m.channel, m.payload, m.attempts, m.first_attempt_at)
     FROM outbox.messages m
     WHERE m.message_key = lookup.message_key;
 END
@@ -641,8 +898,18 @@ CREATE FUNCTION outbox.messages_before_insert() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_text text := NEW.payload::text;
+    v_text    text := NEW.payload::text;
+    v_dest    text;
+    v_auth    text;
+    v_idem    text;
+    v_problem text[];
 BEGIN
+    -- An http message names an endpoint: where it goes, and the headers it may not set.
+    IF NEW.channel = 'http' THEN
+        SELECT e.destination, e.auth_header, e.idempotency_header INTO v_dest, v_auth, v_idem
+        FROM outbox.endpoint_for_insert(NEW.payload ->> 'endpoint') e;
+        v_problem := outbox.http_payload_problem(NEW.payload, v_auth, v_idem);
+    END IF;
     -- Every rule at once; NULLs make it false (a NULL ordering key is allowed explicitly).
     IF NOT coalesce(
             char_length(NEW.message_key) BETWEEN 1 AND 255
@@ -665,7 +932,7 @@ BEGIN
                         AND (NOT NEW.payload ? 'store_response'
                              OR jsonb_typeof(NEW.payload -> 'store_response') = 'boolean')
                     WHEN 'http' THEN
-                        jsonb_typeof(NEW.payload -> 'endpoint') = 'string'
+                        v_dest IS NOT NULL AND v_problem IS NULL
                     WHEN 'email' THEN
                         (jsonb_typeof(NEW.payload -> 'to') = 'string'
                          AND btrim(NEW.payload ->> 'to') <> '')
@@ -687,6 +954,14 @@ BEGIN
             RAISE EXCEPTION 'state must be ''pending'' or ''held'' when a message is inserted'
                 USING ERRCODE = '22023', COLUMN = 'state';
         END IF;
+        -- outbox.validate checked the payload's shape; what needs the endpoint is here.
+        IF NEW.channel = 'http' AND v_dest IS NULL THEN
+            RAISE EXCEPTION 'payload.endpoint must name an endpoint of outbox.endpoints (outboxd endpoint list)'
+                USING ERRCODE = '22023', COLUMN = 'payload.endpoint';
+        END IF;
+        IF NEW.channel = 'http' AND v_problem IS NOT NULL THEN
+            RAISE EXCEPTION '%', v_problem[2] USING ERRCODE = '22023', COLUMN = v_problem[1];
+        END IF;
     END IF;
     -- outbox.request_hash(channel, payload), from the text rendered above.
     NEW.request_hash := sha256(convert_to(NEW.channel || E'\n' || v_text, 'UTF8'));
@@ -700,7 +975,7 @@ BEGIN
             THEN outbox.destination_of(NEW.channel, NEW.payload -> 'reconcile') END;
     ELSIF NEW.channel = 'http' THEN
         -- An http message goes to its endpoint's host, its lookup too.
-        NEW.destination := outbox.endpoint_destination(NEW.payload ->> 'endpoint');
+        NEW.destination := v_dest;
         IF NEW.destination IS NULL THEN
             RAISE EXCEPTION 'payload.endpoint must name an endpoint of outbox.endpoints (outboxd endpoint list)'
                 USING ERRCODE = '22023', COLUMN = 'payload.endpoint';
@@ -720,9 +995,11 @@ $$;
 -- What a message is and where it goes are fixed when it is inserted: its key, channel and
 -- payload (the fingerprint the key's deduplication compares), the destinations named from
 -- them and its attempt budget's floor. The door is the insert trigger; an UPDATE naming one
--- of these columns (only a person's hand-written one: the daemon's and the operator
--- functions' statements name none) is refused unless it leaves the value as it was. To send
--- something else, enqueue it under a new key. `max_attempts` may be raised or lowered to at
+-- of these columns (a person's hand-written one: the daemon's statements name none) is
+-- refused unless it leaves the value as it was, with one exception: an http message's
+-- destinations may become its endpoint's current one (outbox.set_endpoint moves the
+-- unfinished messages of an endpoint whose host changed). To send something else, enqueue
+-- it under a new key. `max_attempts` may be raised or lowered to at
 -- least 1. SQLSTATE 23514, as the CHECK constraints these replace raised.
 CREATE FUNCTION outbox.messages_before_update_fixed() RETURNS trigger
     LANGUAGE plpgsql
@@ -737,8 +1014,18 @@ BEGIN
         WHEN NEW.payload IS DISTINCT FROM OLD.payload THEN 'payload'
         WHEN NEW.request_hash IS DISTINCT FROM OLD.request_hash THEN 'request_hash'
         WHEN NEW.ordering_key IS DISTINCT FROM OLD.ordering_key THEN 'ordering_key'
-        WHEN NEW.destination IS DISTINCT FROM OLD.destination THEN 'destination'
-        WHEN NEW.lookup_destination IS DISTINCT FROM OLD.lookup_destination THEN 'lookup_destination'
+        -- An http message follows its endpoint (outbox.set_endpoint moves the unfinished
+        -- ones when the endpoint's host changes): its destinations may become the
+        -- endpoint's current one, and nothing else.
+        WHEN NEW.destination IS DISTINCT FROM OLD.destination
+             AND NOT (NEW.channel = 'http' AND NEW.destination IS NOT NULL
+                      AND NEW.destination = outbox.endpoint_destination(NEW.payload ->> 'endpoint'))
+            THEN 'destination'
+        WHEN NEW.lookup_destination IS DISTINCT FROM OLD.lookup_destination
+             AND NOT (NEW.channel = 'http' AND OLD.lookup_destination IS NOT NULL
+                      AND NEW.lookup_destination IS NOT NULL
+                      AND NEW.lookup_destination = outbox.endpoint_destination(NEW.payload ->> 'endpoint'))
+            THEN 'lookup_destination'
     END;
     IF v_column IS NOT NULL THEN
         RAISE EXCEPTION 'outbox.messages.% is fixed when a message is enqueued; enqueue under a new key to send something else', v_column
@@ -866,22 +1153,68 @@ BEGIN
 END
 $$;
 
+-- Removes endpoint `name`. Refused (55000, with how many) while a pending, running or held
+-- message names it: those are still to be sent. Dead and finished ones may name it; a dead
+-- one's replay is then refused until the endpoint is set again. Unknown name: P0002.
+-- The messages' table is locked in SHARE mode for the check (as outbox.set_endpoint does
+-- when it moves messages), so an enqueue naming the endpoint that is not yet committed is
+-- waited for and counted, and a later one finds no endpoint (22023).
+--   SELECT outbox.remove_endpoint('stripe');
+CREATE FUNCTION outbox.remove_endpoint(name text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_pending bigint;
+    v_running bigint;
+    v_held    bigint;
+BEGIN
+    PERFORM 1 FROM outbox.endpoints e WHERE e.name = remove_endpoint.name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no endpoint %; nothing removed', coalesce(quote_literal(left(remove_endpoint.name, 64)), 'NULL')
+            USING ERRCODE = 'P0002';
+    END IF;
+    LOCK TABLE outbox.messages IN SHARE MODE;
+    SELECT count(*) FILTER (WHERE m.state = 'pending'), count(*) FILTER (WHERE m.state = 'running'),
+           count(*) FILTER (WHERE m.state = 'held')
+    INTO v_pending, v_running, v_held
+    FROM outbox.messages m
+    WHERE m.channel = 'http' AND m.state IN ('pending', 'running', 'held')
+      AND m.payload ->> 'endpoint' = remove_endpoint.name;
+    IF v_pending + v_running + v_held > 0 THEN
+        RAISE EXCEPTION 'endpoint % is named by % unfinished message(s) (% pending, % running, % held); let them finish or cancel them first; nothing removed',
+            quote_literal(remove_endpoint.name), v_pending + v_running + v_held, v_pending, v_running, v_held
+            USING ERRCODE = '55000';
+    END IF;
+    DELETE FROM outbox.endpoints e WHERE e.name = remove_endpoint.name;
+END
+$$;
+
 -- Replay dead messages: dead → pending, attempts reset to 0, due now, the same key (so
 -- providers still deduplicate), and a `replayed` row in each history carrying the error
 -- that killed it. All or nothing: an unknown id raises P0002 (no_data_found), a message
 -- that is not dead raises 55000 (object_not_in_prerequisite_state), both naming the
 -- messages, and then nothing is replayed. Wakes idle workers at commit.
 --
+-- An http message is refused (55000) when its endpoint is gone (nothing could send it),
+-- and, unless `force`, when it may have taken effect (class ambiguous) and its provider's
+-- key window has closed (outbox.key_expires_at): the provider may have forgotten the key,
+-- so a resend could do the side effect twice. `force` is a person's decision to send it
+-- once more; its history row says so. The window then counts again from the next attempt.
+--
 --   SELECT * FROM outbox.replay(ARRAY[17, 18]);
+--   SELECT * FROM outbox.replay(ARRAY[17], force => true);
 --   SELECT * FROM outbox.replay(ARRAY(SELECT id FROM outbox.messages
 --                                     WHERE state = 'dead' AND error_class = 'exhausted'));
-CREATE FUNCTION outbox.replay(message_ids bigint[], actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
+CREATE FUNCTION outbox.replay(message_ids bigint[], actor text DEFAULT (CURRENT_USER)::text, force boolean DEFAULT false) RETURNS TABLE(id bigint, message_key text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_missing  text;
     v_not_dead text;
+    v_gone     text;
+    v_lapsed   text;
 BEGIN
     -- As the other actions (outbox.lock_named): a NULL list or id is an error, not nothing.
     IF message_ids IS NULL THEN
@@ -911,11 +1244,43 @@ BEGIN
             USING ERRCODE = '55000';
     END IF;
 
-    -- The history's row records the action, not a failure: no class and no error. The
-    -- failure it answers is on the attempt row before it.
+    SELECT string_agg(format('%s (%s, endpoint %s)', m.id, quote_literal(m.message_key),
+                             quote_literal(m.payload ->> 'endpoint')), ', ' ORDER BY m.id)
+    INTO v_gone
+    FROM outbox.messages m
+    WHERE m.id = ANY(message_ids) AND m.channel = 'http'
+      AND NOT EXISTS (SELECT 1 FROM outbox.endpoints e WHERE e.name = m.payload ->> 'endpoint');
+    IF v_gone IS NOT NULL THEN
+        RAISE EXCEPTION 'endpoint gone, so not replayed: %; set it again (outboxd endpoint set) or cancel the message; nothing replayed', v_gone
+            USING ERRCODE = '55000';
+    END IF;
+
+    IF NOT coalesce(force, false) THEN
+        SELECT string_agg(format('%s (%s, endpoint %s: key window closed at %s)', m.id,
+                                 quote_literal(m.message_key), quote_literal(m.payload ->> 'endpoint'),
+                                 outbox.utc_text(outbox.key_expires_at(m.channel, m.payload, m.attempts, m.first_attempt_at))),
+                          ', ' ORDER BY m.id)
+        INTO v_lapsed
+        FROM outbox.messages m
+        WHERE m.id = ANY(message_ids) AND m.error_class = 'ambiguous'
+          AND outbox.key_expires_at(m.channel, m.payload, m.attempts, m.first_attempt_at) <= now();
+        IF v_lapsed IS NOT NULL THEN
+            RAISE EXCEPTION 'may have taken effect and the provider may have forgotten its key, so not replayed: %; ask the provider, then confirm it if it took effect, or replay it with force (outboxd replay --force) to send it once more; nothing replayed', v_lapsed
+                USING ERRCODE = '55000';
+        END IF;
+    END IF;
+
+    -- The history's row records the action, not a failure: no class, and no error but for
+    -- a replay forced past a closed key window, which says so. The failure it answers is
+    -- on the attempt row before it.
     INSERT INTO outbox.attempts
-        (message_id, attempt, worker, started_at, finished_at, outcome)
-    SELECT m.id, m.attempts, coalesce(actor, current_user::text), now(), now(), 'replayed'
+        (message_id, attempt, worker, started_at, finished_at, outcome, error)
+    SELECT m.id, m.attempts, coalesce(actor, current_user::text), now(), now(), 'replayed',
+           CASE WHEN coalesce(force, false) AND m.error_class = 'ambiguous'
+                     AND outbox.key_expires_at(m.channel, m.payload, m.attempts, m.first_attempt_at) <= now()
+                THEN format('forced: replayed after the key window closed at %s',
+                            outbox.utc_text(outbox.key_expires_at(m.channel, m.payload, m.attempts, m.first_attempt_at)))
+           END
     FROM outbox.messages m
     WHERE m.id = ANY(message_ids);
 
@@ -953,13 +1318,164 @@ BEGIN
 END
 $$;
 
+-- Creates or replaces endpoint `name` (the defaults are the table's), after checking each
+-- value (22023 naming the field):
+-- * name: ^[a-z][a-z0-9_-]{0,62}$.
+-- * url: https:// or http:// (the worker refuses plain http unless private networks are
+--   allowed), a host outbox.destination_of can name, an optional base path (the rules of a
+--   payload's path), no user info (credentials go in auth_secret), no query or fragment; at
+--   most 2048 characters. Stored without a trailing `/`, so that a payload's path joins it
+--   with one.
+-- * auth_header, idempotency_header (NULL: the provider takes none): header names outboxd
+--   does not set otherwise, not the same one.
+-- * auth_secret: the NAME of a secret (letters, digits, _; at most 64), which each worker
+--   reads from OUTBOXD_SECRET_<NAME> or OUTBOXD_SECRET_<NAME>_FILE. Never its value: no
+--   error repeats what was given, since it may be a value pasted by mistake.
+-- * key_ttl: how long the provider remembers an idempotency key, positive (NULL: unknown).
+-- * headers: fixed, non-secret headers (an object of string values), none of them the
+--   auth or idempotency header or one outboxd sets.
+-- When the endpoint's host or port changes (or it is set again after its removal), its
+-- unfinished messages (pending, held, running, dead) follow: their destinations become the
+-- new one. The messages' table is locked in SHARE mode for that, so an enqueue under way
+-- with the old destination is waited for and moved too. Returns the endpoint's destination
+-- and how many messages moved.
+--   SELECT * FROM outbox.set_endpoint('stripe', 'https://api.stripe.com',
+--                                     auth_secret => 'STRIPE', key_ttl => '24 hours',
+--                                     headers => '{"Stripe-Version": "2024-06-20"}');
+CREATE FUNCTION outbox.set_endpoint(name text, url text, auth_header text DEFAULT 'Authorization'::text, auth_secret text DEFAULT NULL::text, idempotency_header text DEFAULT 'Idempotency-Key'::text, key_ttl interval DEFAULT NULL::interval, headers jsonb DEFAULT '{}'::jsonb) RETURNS TABLE(destination text, moved integer)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+DECLARE
+    v_url       text := set_endpoint.url;
+    v_authority text;
+    v_path      text;
+    v_dest      text;
+    v_old       text;
+    v_existed   boolean;
+    v_moved     integer := 0;
+    v_problem   text[];
+BEGIN
+    IF set_endpoint.name IS NULL OR set_endpoint.name !~ '^[a-z][a-z0-9_-]{0,62}$' THEN
+        RAISE EXCEPTION 'name must be 1 to 63 characters: a lower-case letter, then lower-case letters, digits, _ or -'
+            USING ERRCODE = '22023', COLUMN = 'name';
+    END IF;
+
+    IF v_url IS NULL OR char_length(v_url) > 2048 THEN
+        RAISE EXCEPTION 'url must be the API''s base URL, at most 2048 characters'
+            USING ERRCODE = '22023', COLUMN = 'url';
+    END IF;
+    IF v_url !~* '^https?://' THEN
+        RAISE EXCEPTION 'url must start with https:// (or http://)' USING ERRCODE = '22023', COLUMN = 'url';
+    END IF;
+    IF v_url ~ E'[\\u0001-\\u0020\\u007f-\\u009f\\u00a0\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069\\\\]' THEN
+        RAISE EXCEPTION 'url must not contain spaces, control characters or backslashes'
+            USING ERRCODE = '22023', COLUMN = 'url';
+    END IF;
+    IF v_url ~ '[?#]' THEN
+        RAISE EXCEPTION 'url must have no query or fragment (a message''s query goes in its payload)'
+            USING ERRCODE = '22023', COLUMN = 'url';
+    END IF;
+    v_authority := substring(v_url FROM '^[A-Za-z]+://([^/]*)');
+    IF strpos(v_authority, '@') > 0 THEN
+        RAISE EXCEPTION 'url must have no user info (the credential is named by auth_secret)'
+            USING ERRCODE = '22023', COLUMN = 'url';
+    END IF;
+    v_url := rtrim(v_url, '/');
+    v_path := substr(v_url, length(substring(v_url FROM '^[A-Za-z]+://[^/]*')) + 1);
+    IF v_path <> '' THEN
+        v_problem := outbox.http_path_problem(to_jsonb(v_path), 'url');
+        IF v_problem IS NOT NULL THEN
+            RAISE EXCEPTION 'url''s base path: %', v_problem[2] USING ERRCODE = '22023', COLUMN = 'url';
+        END IF;
+    END IF;
+    v_dest := outbox.destination_of('webhook', jsonb_build_object('url', v_url));
+    IF v_dest IS NULL THEN
+        RAISE EXCEPTION 'url must name a host: a DNS name or an IP literal, with an optional port'
+            USING ERRCODE = '22023', COLUMN = 'url';
+    END IF;
+
+    v_problem := outbox.http_header_name_problem(set_endpoint.auth_header, 'auth_header');
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_problem[2] USING ERRCODE = '22023', COLUMN = 'auth_header';
+    END IF;
+    IF set_endpoint.idempotency_header IS NOT NULL THEN
+        v_problem := outbox.http_header_name_problem(set_endpoint.idempotency_header,
+                                                     'idempotency_header', set_endpoint.auth_header);
+        IF v_problem IS NOT NULL THEN
+            RAISE EXCEPTION '%', v_problem[2] USING ERRCODE = '22023', COLUMN = 'idempotency_header';
+        END IF;
+    END IF;
+    -- The given text is not repeated: it may be the secret itself, pasted by mistake.
+    IF set_endpoint.auth_secret IS NOT NULL AND set_endpoint.auth_secret !~ '^[A-Za-z0-9_]{1,64}$' THEN
+        RAISE EXCEPTION 'auth_secret must be the NAME of a secret (1 to 64 letters, digits or _), read by each worker from OUTBOXD_SECRET_<NAME>; never the secret itself'
+            USING ERRCODE = '22023', COLUMN = 'auth_secret';
+    END IF;
+    IF set_endpoint.key_ttl IS NOT NULL AND set_endpoint.key_ttl <= interval '0' THEN
+        RAISE EXCEPTION 'key_ttl must be positive (leave it NULL when the provider''s memory is unknown)'
+            USING ERRCODE = '22023', COLUMN = 'key_ttl';
+    END IF;
+    v_problem := outbox.http_headers_problem(coalesce(set_endpoint.headers, '{}'::jsonb), 'headers',
+                                             set_endpoint.auth_header, set_endpoint.idempotency_header);
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_problem[2] USING ERRCODE = '22023', COLUMN = 'headers';
+    END IF;
+
+    SELECT outbox.destination_of('webhook', jsonb_build_object('url', e.url)) INTO v_old
+    FROM outbox.endpoints e WHERE e.name = set_endpoint.name FOR UPDATE;
+    v_existed := FOUND;
+    IF NOT v_existed OR v_old IS DISTINCT FROM v_dest THEN
+        LOCK TABLE outbox.messages IN SHARE MODE;
+    END IF;
+
+    INSERT INTO outbox.endpoints AS e
+        (name, url, auth_header, auth_secret, idempotency_header, key_ttl, headers)
+    VALUES (set_endpoint.name, v_url, set_endpoint.auth_header, set_endpoint.auth_secret,
+            set_endpoint.idempotency_header, set_endpoint.key_ttl,
+            coalesce(set_endpoint.headers, '{}'::jsonb))
+    ON CONFLICT ON CONSTRAINT endpoints_pkey DO UPDATE SET
+        url                = EXCLUDED.url,
+        auth_header        = EXCLUDED.auth_header,
+        auth_secret        = EXCLUDED.auth_secret,
+        idempotency_header = EXCLUDED.idempotency_header,
+        key_ttl            = EXCLUDED.key_ttl,
+        headers            = EXCLUDED.headers,
+        updated_at         = now();
+
+    IF NOT v_existed OR v_old IS DISTINCT FROM v_dest THEN
+        UPDATE outbox.messages m SET
+            destination        = v_dest,
+            lookup_destination = CASE WHEN m.lookup_destination IS NOT NULL THEN v_dest END
+        WHERE m.channel = 'http' AND m.state IN ('pending', 'held', 'running', 'dead')
+          AND m.payload ->> 'endpoint' = set_endpoint.name
+          AND m.destination IS DISTINCT FROM v_dest;
+        GET DIAGNOSTICS v_moved = ROW_COUNT;
+    END IF;
+
+    destination := v_dest;
+    moved := v_moved;
+    RETURN NEXT;
+END
+$_$;
+
+-- A timestamp as RFC 3339 text in UTC, to the second, for error messages.
+CREATE FUNCTION outbox.utc_text(t timestamp with time zone) RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"');
+END
+$$;
+
 -- The rules a message must satisfy at the door: 22023 naming the field, nothing inserted.
 CREATE FUNCTION outbox.validate(message_key text, channel text, payload jsonb, max_attempts integer) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_bad text;
+    v_bad     text;
+    v_problem text[];
 BEGIN
     IF message_key IS NULL OR char_length(message_key) = 0 THEN
         RAISE EXCEPTION 'message_key must not be empty' USING ERRCODE = '22023', COLUMN = 'message_key';
@@ -1016,9 +1532,10 @@ BEGIN
                 USING ERRCODE = '22023', COLUMN = 'payload.store_response';
         END IF;
     ELSIF channel = 'http' THEN
-        IF jsonb_typeof(payload -> 'endpoint') IS DISTINCT FROM 'string' THEN
-            RAISE EXCEPTION 'payload.endpoint must be the name of an endpoint'
-                USING ERRCODE = '22023', COLUMN = 'payload.endpoint';
+        -- The shape; the endpoint's own header names are checked by the insert trigger.
+        v_problem := outbox.http_payload_problem(payload);
+        IF v_problem IS NOT NULL THEN
+            RAISE EXCEPTION '%', v_problem[2] USING ERRCODE = '22023', COLUMN = v_problem[1];
         END IF;
     ELSIF channel = 'email' THEN
         IF NOT coalesce((jsonb_typeof(payload -> 'to') = 'string' AND btrim(payload ->> 'to') <> '')
@@ -1177,5 +1694,9 @@ REVOKE ALL ON FUNCTION outbox.lock_named(message_ids bigint[], verb text) FROM P
 REVOKE ALL ON FUNCTION outbox.lookup(message_key text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION outbox.not_in_states(message_ids bigint[], allowed text[]) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION outbox.remove_endpoint(name text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION outbox.set_endpoint(name text, url text, auth_header text, auth_secret text, idempotency_header text, key_ttl interval, headers jsonb) FROM PUBLIC;
 
 RESET check_function_bodies;

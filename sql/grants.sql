@@ -39,15 +39,21 @@ GRANT INSERT (message_key, channel, payload, run_after, max_attempts, retry_ambi
     ON outbox.messages TO outbox_app;
 
 -- The worker (and the operator CLI: status, dead, held, show, replay, approve, cancel,
--- confirm, purge): claim, complete, release, replay, approve, cancel, confirm and purge
+-- confirm, purge, endpoint): claim, complete, release, replay, approve, cancel, confirm and purge
 -- messages, and write their history. Only this role decides for a person (approve, cancel,
 -- confirm). No DDL.
 GRANT USAGE ON SCHEMA outbox TO outbox_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.messages TO outbox_worker;
 GRANT SELECT, INSERT ON outbox.attempts TO outbox_worker;
 GRANT SELECT ON outbox.schema_migrations TO outbox_worker;
--- Endpoints (`http` messages): every worker reads them; the operator CLI sets and removes them.
+-- Endpoints (`http` messages): every worker reads them; the operator CLI sets and removes
+-- them through outbox.set_endpoint and outbox.remove_endpoint (their rules, and the move of
+-- an endpoint's messages when its host changes, run with their owner's rights).
 GRANT SELECT ON outbox.endpoints TO outbox_worker;
+GRANT EXECUTE ON FUNCTION
+    outbox.set_endpoint(text, text, text, text, text, interval, jsonb),
+    outbox.remove_endpoint(text)
+    TO outbox_worker;
 -- Circuit breakers (sql/0014): every worker counts failures, opens, probes and closes.
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.destinations TO outbox_worker;
 GRANT EXECUTE ON FUNCTION
@@ -55,7 +61,7 @@ GRANT EXECUTE ON FUNCTION
     outbox.enqueue_row(text, text, jsonb, timestamptz, integer, boolean, boolean, text),
     outbox.enqueue_many(text[], text[], jsonb[], timestamptz[], integer[], boolean[], boolean[], text[]),
     outbox.lookup(text),
-    outbox.replay(bigint[], text),
+    outbox.replay(bigint[], text, boolean),
     outbox.approve(bigint[], text),
     outbox.cancel(bigint[], text, text),
     outbox.confirm(bigint[], text),

@@ -85,6 +85,11 @@ pub struct MessageStatus {
     pub dead_at: Option<SystemTime>,
     /// When it was cancelled.
     pub cancelled_at: Option<SystemTime>,
+    /// When its provider's key window closes (an `http` message whose endpoint has a
+    /// `key_ttl`, once attempted): the first attempt's start plus the `key_ttl`. After it,
+    /// the provider may have forgotten the key, so a message that may have taken effect is
+    /// not sent again blind.
+    pub key_expires_at: Option<SystemTime>,
 }
 
 /// Why a lookup failed.
@@ -159,6 +164,7 @@ pub async fn lookup<C: GenericClient>(
         delivered_at: col(&r, 9)?,
         dead_at: col(&r, 10)?,
         cancelled_at: col(&r, 11)?,
+        key_expires_at: col(&r, 12)?,
     }))
 }
 

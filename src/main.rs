@@ -33,13 +33,26 @@ fn main() -> ExitCode {
             return match e.kind() {
                 ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
                     // Named from the parser itself, so that the list cannot fall behind.
+                    // A command with subcommands of its own (`outboxd endpoint`) names
+                    // those.
                     use clap::CommandFactory as _;
-                    let names: Vec<String> = Cli::command()
+                    let top = Cli::command();
+                    let first = std::env::args_os().nth(1);
+                    let (path, cmd) = match first
+                        .as_deref()
+                        .and_then(|a| a.to_str())
+                        .and_then(|a| top.find_subcommand(a))
+                        .filter(|c| c.has_subcommands())
+                    {
+                        Some(c) => (format!("outboxd {}", c.get_name()), c),
+                        None => ("outboxd".to_owned(), &top),
+                    };
+                    let names: Vec<String> = cmd
                         .get_subcommands()
                         .map(|c| c.get_name().to_owned())
                         .collect();
                     say!(
-                        "error: a subcommand is required ({}; see outboxd --help)",
+                        "error: a subcommand is required ({}; see {path} --help)",
                         names.join(", ")
                     );
                     ExitCode::from(2)

@@ -9,7 +9,7 @@ use crate::config::parse_duration;
 use crate::model::{Channel, ErrorClass};
 use crate::ops::DeadFilter;
 
-/// outboxd: a transactional outbox worker for e-mails and webhooks on PostgreSQL.
+/// outboxd: a transactional outbox worker for e-mails, webhooks and provider APIs on PostgreSQL.
 #[derive(Debug, Parser)]
 #[command(
     name = "outboxd",
@@ -57,6 +57,8 @@ pub enum Command {
     Console(ConsoleArgs),
     /// List destinations whose circuit breaker is open, half-open or counting failures.
     Destinations(DestinationsArgs),
+    /// Set, list or remove the provider endpoints that http messages name.
+    Endpoint(EndpointArgs),
 }
 
 /// Which command's help lists the environment: the top command lists every variable,
@@ -105,6 +107,13 @@ const ENVIRONMENT: &[EnvSetting] = &[
         name: "OUTBOXD_WEBHOOK_SECRET_<NAME>",
         meaning: "a named secret (NAME: A-Z, 0-9, _): a payload's \"secret\": \"name\" signs \
              with it instead",
+        run: true,
+        console: false,
+    },
+    EnvSetting {
+        name: "OUTBOXD_SECRET_<NAME>",
+        meaning: "an endpoint's credential (NAME: its auth_secret, upper-cased), the whole \
+             header value (Bearer sk_...); or OUTBOXD_SECRET_<NAME>_FILE, a file holding it",
         run: true,
         console: false,
     },
@@ -251,6 +260,90 @@ fn parse_destination(s: &str) -> Result<String, String> {
     Ok(s.to_lowercase())
 }
 
+/// `outboxd endpoint`.
+#[derive(Debug, Args)]
+pub struct EndpointArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: EndpointCommand,
+}
+
+/// `outboxd endpoint set | list | remove`.
+#[derive(Debug, Subcommand)]
+pub enum EndpointCommand {
+    /// Create or replace an endpoint (its unfinished messages follow a change of host).
+    Set(EndpointSetArgs),
+    /// List the endpoints (a secret's name, never its value).
+    List(EndpointListArgs),
+    /// Remove an endpoint (refused while pending, running or held messages name it).
+    Remove(EndpointRemoveArgs),
+}
+
+/// `outboxd endpoint set`.
+#[derive(Debug, Args)]
+pub struct EndpointSetArgs {
+    /// The endpoint's name (a lower-case letter, then lower-case letters, digits, _ or -).
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    /// The API's base URL (https://api.example.com, or with a base path: …/v2).
+    #[arg(long, value_name = "URL")]
+    pub url: String,
+    /// The NAME of the secret that fills the auth header: each worker reads its value from
+    /// OUTBOXD_SECRET_<NAME> or the file named by OUTBOXD_SECRET_<NAME>_FILE. Never the
+    /// secret itself.
+    #[arg(long, value_name = "NAME")]
+    pub auth_secret: Option<String>,
+    /// The header that carries the credential.
+    #[arg(long, value_name = "HEADER", default_value = "Authorization")]
+    pub auth_header: String,
+    /// The header that carries the message key (the provider's idempotency key).
+    #[arg(
+        long,
+        value_name = "HEADER",
+        default_value = "Idempotency-Key",
+        conflicts_with = "no_idempotency_header"
+    )]
+    pub idempotency_header: String,
+    /// The provider takes no idempotency key.
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    pub no_idempotency_header: bool,
+    /// How long the provider remembers a key (e.g. 24h); unknown when left out.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub key_ttl: Option<Duration>,
+    /// A fixed, non-secret header, `Name: value` (repeat for more).
+    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    pub headers: Vec<(String, String)>,
+}
+
+/// `outboxd endpoint list`.
+#[derive(Debug, Args)]
+pub struct EndpointListArgs {
+    /// Print JSON (an array of objects with the table's columns).
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    pub json: bool,
+}
+
+/// `outboxd endpoint remove`.
+#[derive(Debug, Args)]
+pub struct EndpointRemoveArgs {
+    /// The endpoint's name.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+}
+
+/// A `--header 'Name: value'`: split at the first colon, both sides trimmed of spaces and
+/// tabs; the name's rules are `outbox.set_endpoint`'s.
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s
+        .split_once(':')
+        .ok_or_else(|| "a header is written 'Name: value'".to_string())?;
+    let name = name.trim_matches([' ', '\t']);
+    if name.is_empty() {
+        return Err("a header is written 'Name: value' (the name is missing)".into());
+    }
+    Ok((name.to_owned(), value.trim_matches([' ', '\t']).to_owned()))
+}
+
 /// `outboxd console`.
 #[derive(Debug, Args)]
 pub struct ConsoleArgs {
@@ -267,7 +360,7 @@ pub struct ConsoleArgs {
 /// Filters shared by `dead` and `replay --all-dead`.
 #[derive(Debug, Args)]
 pub struct DeadFilterArgs {
-    /// Only this channel (webhook or email).
+    /// Only this channel (webhook, http or email).
     #[arg(long, value_parser = parse_channel)]
     pub channel: Option<Channel>,
     /// Only this error class (transient, ambiguous, permanent, invalid, exhausted).
@@ -330,6 +423,11 @@ pub struct ReplayArgs {
     /// Say what would be replayed, change nothing.
     #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
     pub dry_run: bool,
+    /// Also replay an http message that may have taken effect after its provider's key
+    /// window closed (the provider may have forgotten the key: a person's decision to send
+    /// once more, recorded in its history).
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true")]
+    pub force: bool,
 }
 
 impl ReplayArgs {
@@ -345,7 +443,7 @@ impl ReplayArgs {
 /// `outboxd held`.
 #[derive(Debug, Args)]
 pub struct HeldArgs {
-    /// Only this channel (webhook or email).
+    /// Only this channel (webhook, http or email).
     #[arg(long, value_parser = parse_channel)]
     pub channel: Option<Channel>,
     /// Only those enqueued within this long (e.g. 1h).
@@ -390,7 +488,7 @@ pub struct PurgeArgs {
 }
 
 fn parse_channel(s: &str) -> Result<Channel, String> {
-    Channel::parse(s).ok_or_else(|| format!("unknown channel {s:?} (webhook or email)"))
+    Channel::parse(s).ok_or_else(|| format!("unknown channel {s:?} (webhook, http or email)"))
 }
 
 fn parse_error_class(s: &str) -> Result<ErrorClass, String> {
@@ -488,7 +586,7 @@ pub struct EnqueueArgs {
     /// The message key, made from durable ids (`run:step:action`).
     #[arg(long)]
     pub key: String,
-    /// `webhook` or `email`.
+    /// `webhook`, `http` or `email`.
     #[arg(long)]
     pub channel: String,
     /// The payload: JSON text, or `@FILE` to read it from a file (at most 1 MiB); stored
@@ -555,7 +653,12 @@ mod tests {
     fn settings_read_their_variable_and_one_shot_flags_none() {
         let cli = super::Cli::command();
         let mut wrong = Vec::new();
-        for sub in cli.get_subcommands() {
+        // Nested commands too (`endpoint set`): one-shot like their parent.
+        let nested: Vec<&clap::Command> = cli
+            .get_subcommands()
+            .flat_map(|s| std::iter::once(s).chain(s.get_subcommands()))
+            .collect();
+        for sub in nested {
             let long_running = matches!(sub.get_name(), "run" | "console");
             for arg in sub.get_arguments() {
                 let Some(long) = arg.get_long() else {

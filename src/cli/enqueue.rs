@@ -11,7 +11,7 @@ use crate::model::{Channel, ConfigError};
 pub(super) async fn enqueue(args: EnqueueArgs, env: &Env) -> Result<(), CliError> {
     let channel = Channel::parse(&args.channel).ok_or_else(|| {
         ConfigError(format!(
-            "--channel must be webhook or email (got {:?})",
+            "--channel must be webhook, http or email (got {:?})",
             args.channel
         ))
     })?;

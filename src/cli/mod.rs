@@ -1,8 +1,9 @@
 //! The command line: `outboxd migrate | run | enqueue | status | dead | held | show | replay |
-//! approve | cancel | confirm | purge | console`.
+//! approve | cancel | confirm | purge | console | destinations | endpoint`.
 //!
 //! [`dispatch`] is what `main` calls. The clap definitions are in `args`, the daemon in
-//! `run`, `enqueue` in its namesake, the operator commands in `ops`; settings are assembled
+//! `run`, `enqueue` in its namesake, the operator commands in `ops`, `endpoint` in its
+//! namesake; settings are assembled
 //! and validated by [`crate::config::assemble`], which this module feeds.
 //!
 //! Flags also read `OUTBOXD_<FLAG>` (a flag beats the variable). A variable that is set to
@@ -37,13 +38,16 @@ pub fn say(line: std::fmt::Arguments<'_>) {
 
 mod args;
 mod console;
+mod endpoint;
 mod enqueue;
 mod ops;
 mod run;
 
 pub use args::{
-    CancelArgs, Cli, Command, ConsoleArgs, DeadArgs, DeadFilterArgs, DestinationsArgs, EnqueueArgs,
-    HeldArgs, MigrateArgs, PurgeArgs, ReplayArgs, RunArgs, ShowArgs, StatusArgs, TargetsArgs,
+    CancelArgs, Cli, Command, ConsoleArgs, DeadArgs, DeadFilterArgs, DestinationsArgs,
+    EndpointArgs, EndpointCommand, EndpointListArgs, EndpointRemoveArgs, EndpointSetArgs,
+    EnqueueArgs, HeldArgs, MigrateArgs, PurgeArgs, ReplayArgs, RunArgs, ShowArgs, StatusArgs,
+    TargetsArgs,
 };
 pub use run::worker_settings;
 
@@ -211,6 +215,7 @@ pub async fn dispatch(cli: Cli, env: Env) -> Result<(), CliError> {
         Command::Purge(args) => ops::purge(args, &env).await,
         Command::Console(args) => console::console(args, &env).await,
         Command::Destinations(args) => ops::destinations(args, &env).await,
+        Command::Endpoint(args) => endpoint::endpoint(args, &env).await,
     }
 }
 

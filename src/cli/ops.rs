@@ -195,6 +195,9 @@ fn print_message(detail: &MessageDetail) {
     if let Some(t) = &detail.cancelled_at {
         out!("  cancelled_at {t}");
     }
+    if let Some(t) = &detail.key_expires_at {
+        out!("  key window   the provider remembers its key until {t}");
+    }
     if detail.error_class.is_some() {
         out!(
             "  error        {}: {}",
@@ -223,9 +226,11 @@ fn print_next_steps(detail: &MessageDetail) {
         out!(
             "  next steps   it may have taken effect: ask the provider, then `outboxd confirm {id}` if it did,"
         );
-        out!(
-            "               `outboxd replay {id}` if it did not (same key), or `outboxd cancel {id}`"
-        );
+        let replay = steps
+            .iter()
+            .find(|s| s.action == "replay")
+            .map_or_else(|| format!("outboxd replay {id}"), |s| s.command.clone());
+        out!("               `{replay}` if it did not (same key), or `outboxd cancel {id}`");
     } else {
         out!(
             "  next steps   `outboxd replay {id}` once the cause is fixed (same key), or `outboxd cancel {id}`"
@@ -301,12 +306,13 @@ pub(super) async fn replay(args: ReplayArgs, env: &Env) -> Result<(), CliError> 
     };
     let actor = operator()?;
     let mut client = connect(env).await?;
-    let replayed = crate::ops::replay(&mut client, &selection, &actor, args.dry_run)
-        .await
-        .map_err(|e| match e {
-            ReplayError::Database(e) => db_failed("replay failed", &e),
-            refused => CliError::Refused(refused.to_string()),
-        })?;
+    let replayed =
+        crate::ops::replay_forced(&mut client, &selection, &actor, args.dry_run, args.force)
+            .await
+            .map_err(|e| match e {
+                ReplayError::Database(e) => db_failed("replay failed", &e),
+                refused => CliError::Refused(refused.to_string()),
+            })?;
     for (id, key) in &replayed {
         out!(
             "{} {id} {}",

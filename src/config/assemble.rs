@@ -111,7 +111,7 @@ fn channels(input: &RunInput) -> Result<Vec<Channel>, ConfigError> {
     for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let ch = Channel::parse(name).ok_or_else(|| {
             ConfigError(format!(
-                "--channels: unknown channel {name:?} (webhook or email)"
+                "--channels: unknown channel {name:?} (webhook, http or email)"
             ))
         })?;
         if !out.contains(&ch) {

@@ -23,7 +23,10 @@ pub(crate) fn parse_filter(q: &[(String, String)]) -> Result<DeadQuery, Failure>
     let channel = field(q, "channel")
         .map(|c| {
             Channel::parse(c).ok_or_else(|| {
-                Failure::BadRequest(format!("unknown channel {} (webhook or email)", quoted(c)))
+                Failure::BadRequest(format!(
+                    "unknown channel {} (webhook, http or email)",
+                    quoted(c)
+                ))
             })
         })
         .transpose()?;

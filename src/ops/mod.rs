@@ -1,5 +1,5 @@
 //! Operator actions: dead letters, held messages, one message's story, replay, the human
-//! checkpoints (approve, cancel, confirm), purge.
+//! checkpoints (approve, cancel, confirm), purge, endpoints.
 //!
 //! The rules of replay, purge and the checkpoints live in SQL (`outbox.replay`,
 //! `outbox.purge`, `outbox.approve`, `outbox.cancel`,
@@ -8,7 +8,8 @@
 //!
 //! One room per concern: `dead` letters, `held` messages, one message's story (`show`),
 //! `replay`, the `checkpoint`s and the `seen`-state check they and replay share, `purge`,
-//! the breakers' `destinations`, and the console's `activity` chart. This file names
+//! the breakers' `destinations`, the http channel's `endpoints`, and the console's
+//! `activity` chart. This file names
 //! messages ([`Target`], [`resolve`]) and holds the timestamp helpers they all print with.
 
 use tokio_postgres::GenericClient;
@@ -20,6 +21,7 @@ mod activity;
 mod checkpoint;
 mod dead;
 mod destinations;
+mod endpoints;
 mod held;
 mod purge;
 mod replay;
@@ -32,9 +34,12 @@ pub use dead::{DeadFilter, DeadLetter, dead_ids, dead_letters, dead_letters_page
 pub use destinations::{
     Destination, close_destination, destinations, destinations_of_host, restore_backlog,
 };
+pub use endpoints::{
+    Endpoint, EndpointError, EndpointSet, EndpointSpec, endpoints, remove_endpoint, set_endpoint,
+};
 pub use held::{HeldFilter, HeldMessage, held, held_page};
 pub use purge::{purge, purge_batch};
-pub use replay::{ReplayError, ReplaySelection, replay, replay_as_seen};
+pub use replay::{ReplayError, ReplaySelection, replay, replay_as_seen, replay_forced};
 pub use seen::{Seen, states_of};
 pub use show::{AttemptRecord, MessageDetail, NextStep, next_steps, redact_payload, show};
 

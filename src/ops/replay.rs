@@ -25,7 +25,9 @@ pub enum ReplayError {
     /// Some named messages do not exist.
     #[error("no such message: {}; nothing replayed", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
     Unknown(Vec<Target>),
-    /// Some named messages are not dead (the database's message names them).
+    /// Some named messages are not dead, or may not be replayed: an http message whose
+    /// endpoint is gone, or one that may have taken effect after its provider's key window
+    /// closed, without `force` (the database's message names them).
     #[error("{0}")]
     NotDead(String),
     /// The database failed.
@@ -42,7 +44,20 @@ pub async fn replay(
     actor: &str,
     dry_run: bool,
 ) -> Result<Vec<(i64, String)>, ReplayError> {
-    replay_as_seen(client, selection, actor, dry_run, &[]).await
+    replay_checked(client, selection, actor, dry_run, false, &[]).await
+}
+
+/// [`replay`], and with `force` also the dead letters that may have taken effect after
+/// their provider's key window closed (`outboxd replay --force`: a person decided to send
+/// once more; `outbox.replay` records it in the history row).
+pub async fn replay_forced(
+    client: &mut Client,
+    selection: &ReplaySelection,
+    actor: &str,
+    dry_run: bool,
+    force: bool,
+) -> Result<Vec<(i64, String)>, ReplayError> {
+    replay_checked(client, selection, actor, dry_run, force, &[]).await
 }
 
 /// [`replay`], refused unless each message in `seen` is still in the state and version the
@@ -54,6 +69,17 @@ pub async fn replay_as_seen(
     selection: &ReplaySelection,
     actor: &str,
     dry_run: bool,
+    seen: &[(i64, Seen)],
+) -> Result<Vec<(i64, String)>, ReplayError> {
+    replay_checked(client, selection, actor, dry_run, false, seen).await
+}
+
+async fn replay_checked(
+    client: &mut Client,
+    selection: &ReplaySelection,
+    actor: &str,
+    dry_run: bool,
+    force: bool,
     seen: &[(i64, Seen)],
 ) -> Result<Vec<(i64, String)>, ReplayError> {
     let tx = client.transaction().await?;
@@ -86,18 +112,29 @@ pub async fn replay_as_seen(
     if let Some(why) = changed_since_seen(&tx, &ids, seen).await? {
         return Err(ReplayError::NotDead(format!("{why}; nothing replayed")));
     }
-    let rows = tx
-        .query_typed(
+    let rows = if force {
+        tx.query_typed(
+            queries::REPLAY_FORCE,
+            &[
+                (&ids, Type::INT8_ARRAY),
+                (&actor, Type::TEXT),
+                (&force, Type::BOOL),
+            ],
+        )
+        .await
+    } else {
+        tx.query_typed(
             queries::REPLAY,
             &[(&ids, Type::INT8_ARRAY), (&actor, Type::TEXT)],
         )
         .await
-        .map_err(|e| match e.as_db_error() {
-            Some(db) if *db.code() == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE => {
-                ReplayError::NotDead(db.message().to_owned())
-            }
-            _ => ReplayError::Database(e),
-        })?;
+    };
+    let rows = rows.map_err(|e| match e.as_db_error() {
+        Some(db) if *db.code() == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE => {
+            ReplayError::NotDead(db.message().to_owned())
+        }
+        _ => ReplayError::Database(e),
+    })?;
     let mut replayed: Vec<(i64, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     replayed.sort();
     if dry_run {

@@ -77,6 +77,10 @@ pub struct MessageDetail {
     pub cancelled_at: Option<String>,
     /// Its ordering group, if any.
     pub ordering_key: Option<String>,
+    /// When its provider's key window closes (RFC 3339): the first attempt's start plus
+    /// its endpoint's `key_ttl`. None but for an http message attempted at least once
+    /// whose endpoint has a `key_ttl`.
+    pub key_expires_at: Option<String>,
     /// Every attempt and operator action, oldest first.
     pub history: Vec<AttemptRecord>,
     /// What an operator can do about it now ([`next_steps`]): empty but for a dead letter.
@@ -186,10 +190,27 @@ pub async fn show<C: GenericClient>(
         dead_at: ts(17),
         cancelled_at: ts(18),
         ordering_key: r.get(19),
+        key_expires_at: ts(20),
         history: Vec::new(),
         next_steps: Vec::new(),
     };
     detail.next_steps = next_steps(detail.id, &detail.state, detail.error_class.as_deref());
+    // After the provider's key window, a replay of a message that may have taken effect is
+    // refused unless forced (`outbox.replay`): say so where the step is offered.
+    if r.try_get::<_, bool>(21).unwrap_or(false)
+        && detail.error_class.as_deref() == Some("ambiguous")
+    {
+        for step in detail
+            .next_steps
+            .iter_mut()
+            .filter(|s| s.action == "replay")
+        {
+            step.command.push_str(" --force");
+            step.when = "it did not take effect, and a person decides to send it once more: \
+                         the provider may have forgotten the key"
+                .to_owned();
+        }
+    }
     for a in client
         .query_typed(queries::SHOW_ATTEMPTS, &[(id, Type::INT8)])
         .await?

@@ -19,6 +19,6 @@ SELECT id, created FROM outbox.enqueue_many($1::text[], $2::text[], $3::jsonb[],
 /// `outbox.lookup` (callable by the application role): no row for an unknown key.
 pub const LOOKUP: &str = r#"
 SELECT id, state, attempts, max_attempts, error_class, last_error, response, created_at,
-       updated_at, delivered_at, dead_at, cancelled_at
+       updated_at, delivered_at, dead_at, cancelled_at, key_expires_at
 FROM outbox.lookup($1::text)
 "#;

@@ -64,11 +64,15 @@ SELECT id, message_key FROM outbox.messages
 WHERE id = ANY($1::bigint[]) OR message_key = ANY($2::text[])
 "#;
 
-/// One message with every column an operator may want, by id (`$1`).
+/// One message with every column an operator may want, by id (`$1`), when its provider's
+/// key window closes (`outbox.key_expires_at`: http only, NULL otherwise) and whether it
+/// has closed (by the database's clock).
 pub const SHOW_MESSAGE: &str = r#"
 SELECT id, message_key, channel, state, attempts, max_attempts, retry_ambiguous, payload,
        run_after, lease_owner, lease_expires_at, error_class, last_error, response,
-       created_at, updated_at, delivered_at, dead_at, cancelled_at, ordering_key
+       created_at, updated_at, delivered_at, dead_at, cancelled_at, ordering_key,
+       outbox.key_expires_at(channel, payload, attempts, first_attempt_at),
+       coalesce(outbox.key_expires_at(channel, payload, attempts, first_attempt_at) <= now(), false)
 FROM outbox.messages WHERE id = $1
 "#;
 
@@ -102,8 +106,14 @@ SELECT attempt, worker, started_at, finished_at, outcome, error_class, error, st
 FROM outbox.attempts WHERE message_id = $1 ORDER BY id
 "#;
 
-/// Replay dead messages (`$1` ids, `$2` actor) through `outbox.replay`: all or nothing.
+/// Replay dead messages (`$1` ids, `$2` actor) through `outbox.replay`: all or nothing. An
+/// ambiguous http message whose key window closed is refused (the console's replay).
 pub const REPLAY: &str = "SELECT id, message_key FROM outbox.replay($1::bigint[], $2::text)";
+
+/// [`REPLAY`] with `$3` force: `true` replays an ambiguous http message whose key window
+/// closed too (`outboxd replay --force`, a person's decision; the history row says so).
+pub const REPLAY_FORCE: &str =
+    "SELECT id, message_key FROM outbox.replay($1::bigint[], $2::text, force => $3::bool)";
 
 /// Delete one batch of finished messages through `outbox.purge`: `$1` age in seconds, `$2`
 /// include dead, `$3` batch size. Returns the number deleted.

@@ -526,8 +526,8 @@ fn bad_arguments_exit_2_with_one_line_before_any_connection() {
         ),
         (
             "replay: unknown flag",
-            vec!["replay", "--all-dead", "--force"],
-            "--force",
+            vec!["replay", "--all-dead", "--forcibly"],
+            "--forcibly",
         ),
         // purge
         ("purge: no --older-than", vec!["purge"], "--older-than"),

@@ -19,6 +19,7 @@ mod demo;
 mod destinations;
 mod docs;
 mod email;
+mod endpoints;
 mod enqueue;
 mod failover;
 mod hostile_sql;

@@ -440,7 +440,8 @@ async fn the_application_role_enqueues_held_rows_and_looks_keys_up() {
             "updated_at",
             "delivered_at",
             "dead_at",
-            "cancelled_at"
+            "cancelled_at",
+            "key_expires_at"
         ]
     );
     // Keys no enqueue could store: a typed, one-line error.

@@ -118,6 +118,29 @@ def test_lookup_of_an_unknown_key_is_none(conn: psycopg.Connection[Any], unique:
     assert err.value.field == "message_key"
 
 
+def test_lookup_says_when_the_providers_key_window_closes(
+    conn: psycopg.Connection[Any], unique: Key
+) -> None:
+    conn.execute(
+        "SELECT outbox.set_endpoint('window-py', 'https://api.example.com', key_ttl => '24 hours')"
+    )
+    k = unique("window")
+    outboxd.enqueue(conn, k, "http", {"endpoint": "window-py", "path": "/v1/x"}, held=True)
+    conn.commit()
+    # Before a first attempt the window has not opened.
+    status = outboxd.lookup(conn, k)
+    assert status is not None and status.key_expires_at is None
+    started = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    conn.execute(
+        "UPDATE outbox.messages SET attempts = 1, first_attempt_at = %s WHERE message_key = %s",
+        (started, k),
+    )
+    conn.commit()
+    status = outboxd.lookup(conn, k)
+    assert status is not None
+    assert status.key_expires_at == started + timedelta(hours=24)
+
+
 def test_wait_returns_delivered_with_the_stored_response(
     outbox: Outbox, conn: psycopg.Connection[Any], unique: Key
 ) -> None:

@@ -114,7 +114,7 @@ interface LookupRow {
   delivered_at: Date | null;
   dead_at: Date | null;
   cancelled_at: Date | null;
-  key_expires_at?: Date | null;
+  key_expires_at: Date | null;
 }
 
 /**
@@ -143,7 +143,7 @@ export async function lookup(client: Queryable, key: string): Promise<MessageSta
     deliveredAt: r.delivered_at,
     deadAt: r.dead_at,
     cancelledAt: r.cancelled_at,
-    keyExpiresAt: r.key_expires_at ?? null,
+    keyExpiresAt: r.key_expires_at,
   };
 }
 

@@ -130,6 +130,28 @@ test('lookup of an unknown key is null; of an impossible key, InvalidMessageErro
   );
 });
 
+test('lookup says when the provider\'s key window closes', async () => {
+  await outbox.pool.query(
+    "SELECT outbox.set_endpoint('window-ts', 'https://api.example.com', key_ttl => '24 hours')",
+  );
+  const k = unique('window');
+  await enqueue(outbox.pool, {
+    key: k,
+    channel: 'http',
+    payload: { endpoint: 'window-ts', path: '/v1/x' },
+    held: true,
+  });
+  // Before a first attempt the window has not opened.
+  assert.equal((await lookup(outbox.pool, k))?.keyExpiresAt, null);
+  const started = new Date('2026-01-02T03:04:05Z');
+  await outbox.pool.query(
+    'UPDATE outbox.messages SET attempts = 1, first_attempt_at = $1 WHERE message_key = $2',
+    [started, k],
+  );
+  const status = await lookup(outbox.pool, k);
+  assert.equal(status?.keyExpiresAt?.toISOString(), '2026-01-03T03:04:05.000Z');
+});
+
 test('wait returns delivered with the stored response', async () => {
   const k = unique('delivered');
   await enqueue(outbox.pool, { key: k, channel: 'webhook', payload: webhook('/ok', { store_response: true }) });

@@ -109,7 +109,9 @@ class MessageStatus:
     delivered_at: datetime.datetime | None
     dead_at: datetime.datetime | None
     cancelled_at: datetime.datetime | None
-    key_expires_at: datetime.datetime | None = None
+    # When the provider's memory of the key ends: an http message's first attempt plus its
+    # endpoint's key_ttl; None before a first attempt or without a key_ttl.
+    key_expires_at: datetime.datetime | None
 
     @property
     def settled(self) -> bool:
@@ -210,7 +212,7 @@ def status_of(row: dict[str, Any]) -> MessageStatus:
         delivered_at=row["delivered_at"],
         dead_at=row["dead_at"],
         cancelled_at=row["cancelled_at"],
-        key_expires_at=row.get("key_expires_at"),
+        key_expires_at=row["key_expires_at"],
     )
 
 
