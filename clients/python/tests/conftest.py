@@ -170,3 +170,45 @@ def unique() -> Callable[[str], str]:
     """A key of this test's own (tests share the session's database)."""
     tag = secrets.token_hex(4)
     return lambda name: f"py-{tag}:{name}"
+
+
+WAITER_MARK = "l.classid = 1869968482 AND l.objid = 3 AND l.objsubid = 2 AND l.granted"
+THIS_DB = "l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+
+
+def until_pausing(outbox: Outbox) -> None:
+    """Returns once the one wait in progress has passed the settle gate and made its look
+    after it, so that what happens next is seen only by a later look: holds the gate in
+    share mode until the wait queues behind it, lets it go, then waits for the look."""
+
+    def count(sql: str) -> int:
+        with outbox.connect() as c:
+            row = c.execute(sql).fetchone()
+            assert row is not None
+            return int(row[0])
+
+    with outbox.connect(autocommit=True) as gate:
+        gate.execute("BEGIN")
+        gate.execute("SELECT pg_advisory_xact_lock_shared(1869968482, 4)")
+        wait_until(
+            "the wait to queue at the settle gate",
+            lambda: (
+                count(
+                    "SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory'"
+                    f" AND l.classid = 1869968482 AND l.objid = 4 AND NOT l.granted AND {THIS_DB}"
+                )
+                == 1
+            ),
+        )
+        gate.execute("COMMIT")
+    wait_until(
+        "the wait's look after the gate",
+        lambda: (
+            count(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                f" WHERE l.locktype = 'advisory' AND {WAITER_MARK} AND {THIS_DB}"
+                " AND a.state = 'idle' AND a.query LIKE '%outbox.lookup%'"
+            )
+            == 1
+        ),
+    )

@@ -10,9 +10,9 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
-from conftest import Outbox
+from conftest import Outbox, until_pausing
 
-from outboxd import aio
+from outboxd import _core, aio
 
 Key = Callable[[str], str]
 
@@ -100,5 +100,29 @@ def test_wait_held_at_once_and_timeout(outbox: Outbox, unique: Key) -> None:
             )
             row = await cur.fetchone()
             assert row is not None and row[0] == 0
+
+    asyncio.run(main())
+
+
+def test_wait_sees_a_key_first_enqueued_held_after_it_started(
+    outbox: Outbox, unique: Key, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in the sync suite, with no notification reaching the wait (its LISTEN lost on
+    the way): the backing-off look finds the key."""
+    monkeypatch.setattr(_core, "LISTEN", "SELECT 'LISTEN lost on the way'")
+
+    async def main() -> None:
+        k = unique("aio-held-later")
+        async with (
+            await psycopg.AsyncConnection.connect(outbox.url) as waiter,
+            await psycopg.AsyncConnection.connect(outbox.url, autocommit=True) as conn,
+        ):
+            waiting = asyncio.create_task(aio.wait(waiter, k, timeout=8))
+            await asyncio.to_thread(until_pausing, outbox)
+            await aio.enqueue(conn, k, "webhook", {"url": outbox.receiver.url("/ok")}, held=True)
+            enqueued = time.monotonic()
+            status = await waiting
+            assert status.state == "held"
+            assert time.monotonic() - enqueued < 4
 
     asyncio.run(main())

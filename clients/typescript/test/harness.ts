@@ -155,3 +155,40 @@ export async function waitUntil(what: string, cond: () => Promise<boolean> | boo
 export function unique(name: string): string {
   return `ts-${randomBytes(4).toString('hex')}:${name}`;
 }
+
+/**
+ * Resolves once the one wait in progress has passed the settle gate and made its look after
+ * it, so that what happens next is seen only by a later look: holds the gate in share mode
+ * until the wait queues behind it, lets it go, then waits for the look.
+ */
+export async function untilPausing(pool: pg.Pool): Promise<void> {
+  const thisDb = 'l.database = (SELECT oid FROM pg_database WHERE datname = current_database())';
+  const count = async (sql: string): Promise<number> =>
+    (await pool.query<{ n: number }>(sql)).rows[0]?.n ?? -1;
+  const gate = await pool.connect();
+  try {
+    await gate.query('BEGIN');
+    await gate.query('SELECT pg_advisory_xact_lock_shared(1869968482, 4)');
+    await waitUntil(
+      'the wait to queue at the settle gate',
+      async () =>
+        (await count(
+          "SELECT count(*)::int AS n FROM pg_locks l WHERE l.locktype = 'advisory'" +
+            ` AND l.classid = 1869968482 AND l.objid = 4 AND NOT l.granted AND ${thisDb}`,
+        )) === 1,
+    );
+    await gate.query('COMMIT');
+  } finally {
+    gate.release();
+  }
+  await waitUntil(
+    "the wait's look after the gate",
+    async () =>
+      (await count(
+        'SELECT count(*)::int AS n FROM pg_locks l JOIN pg_stat_activity a USING (pid)' +
+          " WHERE l.locktype = 'advisory' AND l.classid = 1869968482 AND l.objid = 3" +
+          ` AND l.objsubid = 2 AND l.granted AND ${thisDb}` +
+          " AND a.state = 'idle' AND a.query LIKE '%outbox.lookup%'",
+      )) === 1,
+  );
+}

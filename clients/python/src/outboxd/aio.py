@@ -135,6 +135,7 @@ async def _wait(
             await conn.execute(_core.PASS_GATE)
     except psycopg.errors.LockNotAvailable as err:
         raise _core.timed_out(key, timeout, found) from err
+    pause = _core.POLL_FIRST
     while True:
         found = await lookup(conn, key)
         if found is not None and found.settled:
@@ -142,8 +143,10 @@ async def _wait(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _core.timed_out(key, timeout, found)
-        async for _ in conn.notifies(timeout=remaining, stop_after=1):
+        # A notification ends the pause early; the pause's end is the fallback look.
+        async for _ in conn.notifies(timeout=min(pause, remaining), stop_after=1):
             pass
+        pause = _core.next_poll(pause)
 
 
 async def _leave(conn: psycopg.AsyncConnection[Any], autocommit: bool, *, quiet: bool) -> None:
