@@ -5,6 +5,8 @@ export { enqueue, lookup, nextPoll, wait, POLL_FIRST_MS, POLL_MAX_MS, SETTLED } 
 export type { Enqueued, ErrorClass, MessageStatus, NewMessage, Queryable, State, WaitOptions } from './client.js';
 export { InvalidMessageError, KeyConflictError, OutboxError, TimeoutError } from './errors.js';
 export { key } from './key.js';
+export { callOnce, forAgent, outcomeOf } from './tool.js';
+export type { CallOnceOptions, Outcome, OutcomeKind } from './tool.js';
 export type {
   Channel,
   EmailPayload,
