@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Outbox, until_pausing, wait_until
+from conftest import Outbox, settle_gate, wait_until
 
 import outboxd
 
@@ -277,8 +277,9 @@ def test_wait_without_notifications_ends_by_looking_again(
     k = unique("unheard")
     with conn.transaction():
         sent = outboxd.enqueue(conn, k, "webhook", webhook(outbox), run_after=later())
-    t, got = wait_in_thread(outbox, k, timeout=8)
-    until_pausing(outbox)
+    with settle_gate(outbox) as let_through:
+        t, got = wait_in_thread(outbox, k, timeout=8)
+        let_through()
     with conn.transaction():
         conn.execute("SELECT * FROM outbox.cancel(ARRAY[%s]::bigint[], 'unheard')", (sent.id,))
     cancelled = time.monotonic()
@@ -294,8 +295,9 @@ def test_wait_sees_a_key_first_enqueued_held_after_it_started(
 ) -> None:
     """No UPDATE announces an INSERT that is already held: the backing-off look finds it."""
     k = unique("held-later")
-    t, got = wait_in_thread(outbox, k, timeout=8)
-    until_pausing(outbox)
+    with settle_gate(outbox) as let_through:
+        t, got = wait_in_thread(outbox, k, timeout=8)
+        let_through()
     with conn.transaction():
         outboxd.enqueue(conn, k, "webhook", webhook(outbox), held=True)
     enqueued = time.monotonic()

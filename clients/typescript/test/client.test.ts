@@ -19,7 +19,7 @@ import {
   type MessageStatus,
   type WebhookPayload,
 } from '../src/index.js';
-import { startOutbox, unique, untilPausing, waitUntil, type Outbox } from './harness.js';
+import { holdSettleGate, startOutbox, unique, waitUntil, type Outbox } from './harness.js';
 
 let outbox: Outbox;
 
@@ -238,8 +238,9 @@ test('without notifications, the backing-off look ends the wait', async () => {
   const sent = await enqueue(outbox.pool, { key: k, channel: 'webhook', payload: webhook(), runAfter: later() });
   const deaf = deafPool();
   try {
+    const letThrough = await holdSettleGate(outbox.pool);
     const waiting = wait(deaf, k, { timeoutMs: 8_000 });
-    await untilPausing(outbox.pool);
+    await letThrough();
     await outbox.pool.query("SELECT * FROM outbox.cancel(ARRAY[$1::bigint], 'unheard')", [sent.id]);
     const cancelled = Date.now();
     assert.equal((await waiting).state, 'cancelled');
@@ -254,8 +255,9 @@ test('a key first enqueued held after the wait started is seen by the backing-of
   const k = unique('held-later');
   const deaf = deafPool();
   try {
+    const letThrough = await holdSettleGate(outbox.pool);
     const waiting = wait(deaf, k, { timeoutMs: 8_000 });
-    await untilPausing(outbox.pool);
+    await letThrough();
     await enqueue(outbox.pool, { key: k, channel: 'webhook', payload: webhook(), held: true });
     const enqueued = Date.now();
     assert.equal((await waiting).state, 'held');
