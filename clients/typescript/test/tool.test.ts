@@ -40,10 +40,12 @@ async function orderState(id: number): Promise<string> {
   return r.rows[0]?.state ?? '';
 }
 
-test("the README's first example is examples/refund-tool.ts", () => {
-  const readme = readFileSync(resolve(PACKAGE, 'README.md'), 'utf8');
-  const block = /```ts\n([\s\S]*?)```/.exec(readme)?.[1];
-  assert.equal(block, readFileSync(resolve(PACKAGE, 'examples', 'refund-tool.ts'), 'utf8'));
+test("the README's and the docs' first example is examples/refund-tool.ts", () => {
+  const example = readFileSync(resolve(PACKAGE, 'examples', 'refund-tool.ts'), 'utf8');
+  for (const doc of [resolve(PACKAGE, 'README.md'), resolve(PACKAGE, '..', '..', 'docs', 'clients.md')]) {
+    const block = /```ts\n([\s\S]*?)```/.exec(readFileSync(doc, 'utf8'))?.[1];
+    assert.equal(block, example, doc);
+  }
 });
 
 test('the example refunds once and returns the answer', async () => {
