@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -170,3 +171,51 @@ def unique() -> Callable[[str], str]:
     """A key of this test's own (tests share the session's database)."""
     tag = secrets.token_hex(4)
     return lambda name: f"py-{tag}:{name}"
+
+
+WAITER_MARK = "l.classid = 1869968482 AND l.objid = 3 AND l.objsubid = 2 AND l.granted"
+THIS_DB = "l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+
+
+@contextmanager
+def settle_gate(outbox: Outbox) -> Iterator[Callable[[], None]]:
+    """Holds the settle gate in share mode (as a change that decided not to notify would)
+    and gives a function that returns once the one wait started meanwhile has queued
+    behind it, passed it and made its look after it: what happens next is seen only by a
+    later look."""
+
+    def count(sql: str) -> int:
+        with outbox.connect() as c:
+            row = c.execute(sql).fetchone()
+            assert row is not None
+            return int(row[0])
+
+    with outbox.connect(autocommit=True) as gate:
+        gate.execute("BEGIN")
+        gate.execute("SELECT pg_advisory_xact_lock_shared(1869968482, 4)")
+
+        def let_through() -> None:
+            wait_until(
+                "the wait to queue at the settle gate",
+                lambda: (
+                    count(
+                        "SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory'"
+                        f" AND l.classid = 1869968482 AND l.objid = 4 AND NOT l.granted AND {THIS_DB}"
+                    )
+                    == 1
+                ),
+            )
+            gate.execute("COMMIT")
+            wait_until(
+                "the wait's look after the gate",
+                lambda: (
+                    count(
+                        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                        f" WHERE l.locktype = 'advisory' AND {WAITER_MARK} AND {THIS_DB}"
+                        " AND a.state = 'idle' AND a.query LIKE '%outbox.lookup%'"
+                    )
+                    == 1
+                ),
+            )
+
+        yield let_through

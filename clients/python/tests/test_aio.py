@@ -7,12 +7,13 @@ import asyncio
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import psycopg
 import pytest
-from conftest import Outbox
+from conftest import Outbox, settle_gate
 
-from outboxd import aio
+from outboxd import _core, aio
 
 Key = Callable[[str], str]
 
@@ -100,5 +101,57 @@ def test_wait_held_at_once_and_timeout(outbox: Outbox, unique: Key) -> None:
             )
             row = await cur.fetchone()
             assert row is not None and row[0] == 0
+
+    asyncio.run(main())
+
+
+def test_wait_sees_a_key_first_enqueued_held_after_it_started(
+    outbox: Outbox, unique: Key, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in the sync suite, with no notification reaching the wait (its LISTEN lost on
+    the way): the backing-off look finds the key."""
+    monkeypatch.setattr(_core, "LISTEN", "SELECT 'LISTEN lost on the way'")
+
+    async def main() -> None:
+        k = unique("aio-held-later")
+        async with (
+            await psycopg.AsyncConnection.connect(outbox.url) as waiter,
+            await psycopg.AsyncConnection.connect(outbox.url, autocommit=True) as conn,
+        ):
+            with settle_gate(outbox) as let_through:
+                waiting = asyncio.create_task(aio.wait(waiter, k, timeout=8))
+                await asyncio.to_thread(let_through)
+            await aio.enqueue(conn, k, "webhook", {"url": outbox.receiver.url("/ok")}, held=True)
+            enqueued = time.monotonic()
+            status = await waiting
+            assert status.state == "held"
+            assert time.monotonic() - enqueued < 4
+
+    asyncio.run(main())
+
+
+def test_call_once_under_concurrency(outbox: Outbox, unique: Key) -> None:
+    """Four tasks call the same tool step at once, each on a connection of its own: one
+    request is sent, the business write runs once, all four are told the same answer."""
+
+    async def main() -> None:
+        k = unique("aio-tool")
+        payload = {"url": outbox.receiver.url("/ok"), "body": {"n": 1}, "store_response": True}
+        writes: list[int] = []
+
+        async def write(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute("SELECT 1")
+            writes.append(1)
+
+        async def one() -> aio.Outcome:
+            async with await psycopg.AsyncConnection.connect(outbox.url) as conn:
+                return await aio.call_once(conn, k, "webhook", payload, write=write, timeout=30)
+
+        got = await asyncio.gather(*(one() for _ in range(4)))
+        assert [o.kind for o in got] == ["done"] * 4, outbox.daemon_log()
+        assert len({o.status.id for o in got}) == 1
+        assert got[0].response["status"] == 200
+        assert writes == [1]
+        assert outbox.receiver.seen(k) == 1
 
     asyncio.run(main())

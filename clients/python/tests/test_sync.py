@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Outbox, wait_until
+from conftest import Outbox, settle_gate, wait_until
 
 import outboxd
 
@@ -267,3 +267,74 @@ def test_wait_refuses_a_connection_inside_a_transaction(
     with pytest.raises(ValueError, match="no transaction open"):
         outboxd.wait(conn, k, timeout=1)
     conn.rollback()
+
+
+def wait_in_thread(outbox: Outbox, k: str, timeout: float) -> tuple[threading.Thread, list[Any]]:
+    """`wait` on a connection of its own, in a thread; the list gets its status or error."""
+    got: list[Any] = []
+
+    def waiter() -> None:
+        with outbox.connect() as c:
+            try:
+                got.append(outboxd.wait(c, k, timeout=timeout))
+            except BaseException as e:  # noqa: BLE001 (handed to the test's thread)
+                got.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    return t, got
+
+
+@pytest.fixture
+def no_listen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waits whose LISTEN does nothing: as through a pooler that drops it (PgBouncer in
+    transaction mode), no notification reaches them, not even the daemon's idle claims'."""
+    monkeypatch.setattr(outboxd._core, "LISTEN", "SELECT 'LISTEN lost on the way'")
+
+
+@pytest.mark.usefixtures("no_listen")
+def test_wait_without_notifications_ends_by_looking_again(
+    outbox: Outbox, conn: psycopg.Connection[Any], unique: Key
+) -> None:
+    """The backing-off look ends the wait (its pause is at most 2 s; its deadline 8 s)."""
+    k = unique("unheard")
+    with conn.transaction():
+        sent = outboxd.enqueue(conn, k, "webhook", webhook(outbox), run_after=later())
+    with settle_gate(outbox) as let_through:
+        t, got = wait_in_thread(outbox, k, timeout=8)
+        let_through()
+    with conn.transaction():
+        conn.execute("SELECT * FROM outbox.cancel(ARRAY[%s]::bigint[], 'unheard')", (sent.id,))
+    cancelled = time.monotonic()
+    t.join(10)
+    assert got and isinstance(got[0], outboxd.MessageStatus), got
+    assert got[0].state == "cancelled"
+    assert time.monotonic() - cancelled < 4
+
+
+@pytest.mark.usefixtures("no_listen")
+def test_wait_sees_a_key_first_enqueued_held_after_it_started(
+    outbox: Outbox, conn: psycopg.Connection[Any], unique: Key
+) -> None:
+    """No UPDATE announces an INSERT that is already held: the backing-off look finds it."""
+    k = unique("held-later")
+    with settle_gate(outbox) as let_through:
+        t, got = wait_in_thread(outbox, k, timeout=8)
+        let_through()
+    with conn.transaction():
+        outboxd.enqueue(conn, k, "webhook", webhook(outbox), held=True)
+    enqueued = time.monotonic()
+    t.join(10)
+    assert got and isinstance(got[0], outboxd.MessageStatus), got
+    assert got[0].state == "held"
+    assert time.monotonic() - enqueued < 4
+
+
+def test_the_pause_between_looks_doubles_up_to_two_seconds() -> None:
+    from outboxd import _core
+
+    pauses = [_core.POLL_FIRST]
+    while len(pauses) < 10:
+        pauses.append(_core.next_poll(pauses[-1]))
+    assert pauses[:7] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0]
+    assert pauses[-1] == 2.0

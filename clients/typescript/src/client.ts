@@ -163,13 +163,31 @@ const GATE_TIMEOUT = "SELECT set_config('lock_timeout', $1, true)";
 const PASS_GATE = 'SELECT pg_advisory_xact_lock(1869968482, 4)';
 const LOCK_NOT_AVAILABLE = '55P03';
 
+/** The first pause between two looks of `wait` when no notification comes, in ms. */
+export const POLL_FIRST_MS = 50;
+/** The longest pause between two looks of `wait`, in ms. */
+export const POLL_MAX_MS = 2_000;
+
+/**
+ * The pause after `pauseMs`: twice as long, at most `POLL_MAX_MS`. The notification is the
+ * quick path; the look at the pause's end is the fallback for one that never comes (a
+ * pooler that drops LISTEN, as PgBouncer's transaction mode does; a key first enqueued
+ * already held, which no UPDATE announces).
+ */
+export function nextPoll(pauseMs: number): number {
+  return Math.min(pauseMs * 2, POLL_MAX_MS);
+}
+
 /**
  * Waits until the message with this key is delivered, dead, cancelled or held, and resolves
  * to its status; rejects with `TimeoutError` if it is not within `timeoutMs`.
  *
- * No polling: a connection taken from `pool` for the wait LISTENs on `outbox_settled` and
- * looks the key up again on each notification; it goes back to the pool afterwards. A key
- * not yet enqueued (or not yet committed) is waited for like a pending one.
+ * A connection taken from `pool` for the wait LISTENs on `outbox_settled` and looks the key
+ * up again on each notification; between notifications it also looks again after a pause
+ * that starts at 50 ms and doubles up to 2 s, so that a lost notification (a pooler that
+ * drops LISTEN) or a key first enqueued already held still ends the wait. The connection
+ * goes back to the pool afterwards. A key not yet enqueued (or not yet committed) is waited
+ * for like a pending one.
  */
 export async function wait(pool: pg.Pool, key: string, options: WaitOptions): Promise<MessageStatus> {
   const deadline = Date.now() + options.timeoutMs;
@@ -199,6 +217,7 @@ export async function wait(pool: pg.Pool, key: string, options: WaitOptions): Pr
     // Every transaction that changed a state without notifying (it saw no waiter) has
     // ended once the gate is ours: what it did is visible to the lookups from here on.
     await passGate(client, key, deadline, found, options.timeoutMs);
+    let pause = POLL_FIRST_MS;
     for (;;) {
       woken = false;
       found = await lookup(client, key);
@@ -209,11 +228,12 @@ export async function wait(pool: pg.Pool, key: string, options: WaitOptions): Pr
         let timer: NodeJS.Timeout | undefined;
         await new Promise<void>((resolve) => {
           wake = resolve;
-          timer = setTimeout(resolve, remaining);
+          timer = setTimeout(resolve, Math.min(pause, remaining));
         });
         clearTimeout(timer);
         wake = null;
       }
+      pause = nextPoll(pause);
       if (failure !== null) throw failure;
     }
   } catch (err) {

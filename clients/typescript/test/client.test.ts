@@ -3,18 +3,23 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
+import pg from 'pg';
+
 import {
   InvalidMessageError,
   KeyConflictError,
   OutboxError,
   TimeoutError,
+  POLL_FIRST_MS,
+  POLL_MAX_MS,
   enqueue,
   lookup,
+  nextPoll,
   wait,
   type MessageStatus,
   type WebhookPayload,
 } from '../src/index.js';
-import { startOutbox, unique, waitUntil, type Outbox } from './harness.js';
+import { holdSettleGate, startOutbox, unique, waitUntil, type Outbox } from './harness.js';
 
 let outbox: Outbox;
 
@@ -236,4 +241,57 @@ test('concurrent waits each see their own delivery', async () => {
     done.map((s) => s.state),
     keys.map(() => 'delivered'),
   );
+});
+
+/** A pool whose connections never hear a notification: as through a pooler that drops
+ * LISTEN (PgBouncer in transaction mode), not even the daemon's idle claims reach a wait. */
+function deafPool(): pg.Pool {
+  const pool = new pg.Pool({ connectionString: outbox.url, max: 2 });
+  pool.on('connect', (client) => {
+    const emit = client.emit.bind(client);
+    client.emit = ((event: string | symbol, ...args: unknown[]): boolean =>
+      event === 'notification' ? false : emit(event, ...args)) as typeof client.emit;
+  });
+  return pool;
+}
+
+test('without notifications, the backing-off look ends the wait', async () => {
+  const k = unique('unheard');
+  const sent = await enqueue(outbox.pool, { key: k, channel: 'webhook', payload: webhook(), runAfter: later() });
+  const deaf = deafPool();
+  try {
+    const letThrough = await holdSettleGate(outbox.pool);
+    const waiting = wait(deaf, k, { timeoutMs: 8_000 });
+    await letThrough();
+    await outbox.pool.query("SELECT * FROM outbox.cancel(ARRAY[$1::bigint], 'unheard')", [sent.id]);
+    const cancelled = Date.now();
+    assert.equal((await waiting).state, 'cancelled');
+    assert.ok(Date.now() - cancelled < 4_000, `${Date.now() - cancelled}ms`);
+  } finally {
+    await deaf.end();
+  }
+});
+
+test('a key first enqueued held after the wait started is seen by the backing-off look', async () => {
+  // No UPDATE announces an INSERT that is already held.
+  const k = unique('held-later');
+  const deaf = deafPool();
+  try {
+    const letThrough = await holdSettleGate(outbox.pool);
+    const waiting = wait(deaf, k, { timeoutMs: 8_000 });
+    await letThrough();
+    await enqueue(outbox.pool, { key: k, channel: 'webhook', payload: webhook(), held: true });
+    const enqueued = Date.now();
+    assert.equal((await waiting).state, 'held');
+    assert.ok(Date.now() - enqueued < 4_000, `${Date.now() - enqueued}ms`);
+  } finally {
+    await deaf.end();
+  }
+});
+
+test('the pause between looks doubles from 50 ms up to 2 s', () => {
+  const pauses = [POLL_FIRST_MS];
+  while (pauses.length < 10) pauses.push(nextPoll(pauses[pauses.length - 1] ?? 0));
+  assert.deepEqual(pauses.slice(0, 7), [50, 100, 200, 400, 800, 1600, 2000]);
+  assert.equal(pauses[9], POLL_MAX_MS);
 });

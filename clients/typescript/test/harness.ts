@@ -155,3 +155,48 @@ export async function waitUntil(what: string, cond: () => Promise<boolean> | boo
 export function unique(name: string): string {
   return `ts-${randomBytes(4).toString('hex')}:${name}`;
 }
+
+/**
+ * Holds the settle gate in share mode (as a change that decided not to notify would) and
+ * resolves to a function that resolves once the one wait started meanwhile has queued
+ * behind it, passed it and made its look after it: what happens next is seen only by a
+ * later look.
+ */
+export async function holdSettleGate(pool: pg.Pool): Promise<() => Promise<void>> {
+  const thisDb = 'l.database = (SELECT oid FROM pg_database WHERE datname = current_database())';
+  const count = async (sql: string): Promise<number> =>
+    (await pool.query<{ n: number }>(sql)).rows[0]?.n ?? -1;
+  const gate = await pool.connect();
+  try {
+    await gate.query('BEGIN');
+    await gate.query('SELECT pg_advisory_xact_lock_shared(1869968482, 4)');
+  } catch (err) {
+    gate.release(true);
+    throw err;
+  }
+  return async () => {
+    try {
+      await waitUntil(
+        'the wait to queue at the settle gate',
+        async () =>
+          (await count(
+            "SELECT count(*)::int AS n FROM pg_locks l WHERE l.locktype = 'advisory'" +
+              ` AND l.classid = 1869968482 AND l.objid = 4 AND NOT l.granted AND ${thisDb}`,
+          )) === 1,
+      );
+      await gate.query('COMMIT');
+    } finally {
+      gate.release(true);
+    }
+    await waitUntil(
+      "the wait's look after the gate",
+      async () =>
+        (await count(
+          'SELECT count(*)::int AS n FROM pg_locks l JOIN pg_stat_activity a USING (pid)' +
+            " WHERE l.locktype = 'advisory' AND l.classid = 1869968482 AND l.objid = 3" +
+            ` AND l.objsubid = 2 AND l.granted AND ${thisDb}` +
+            " AND a.state = 'idle' AND a.query LIKE '%outbox.lookup%'",
+        )) === 1,
+    );
+  };
+}

@@ -11,6 +11,7 @@ wait for their outcome. Thin over the SQL functions of the `outbox` schema (psyc
 The same names, for `psycopg.AsyncConnection`, are in `outboxd.aio`.
 """
 
+from . import tool
 from ._core import (
     EmailPayload,
     Enqueued,
@@ -42,5 +43,6 @@ __all__ = [
     "enqueue",
     "key",
     "lookup",
+    "tool",
     "wait",
 ]

@@ -197,6 +197,18 @@ DROP_MARK = "SELECT pg_advisory_unlock_shared(1869968482, 3)"
 GATE_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
 PASS_GATE = "SELECT pg_advisory_xact_lock(1869968482, 4)"
 
+# Between notifications, `wait` looks the key up again after a pause that starts at
+# POLL_FIRST and doubles up to POLL_MAX: the notification is the quick path, the look the
+# fallback for one that never comes (a pooler that drops LISTEN, as PgBouncer's transaction
+# mode does; a key first enqueued already held, which no UPDATE announces).
+POLL_FIRST = 0.05
+POLL_MAX = 2.0
+
+
+def next_poll(interval: float) -> float:
+    """The pause after `interval`: twice as long, at most POLL_MAX seconds."""
+    return min(interval * 2, POLL_MAX)
+
 
 def status_of(row: dict[str, Any]) -> MessageStatus:
     return MessageStatus(

@@ -74,10 +74,12 @@ def wait(conn: psycopg.Connection[Any], key: str, timeout: float) -> MessageStat
     """Waits until the message with this key is delivered, dead, cancelled or held, and
     returns its status; raises `TimeoutError` if it is not within `timeout` seconds.
 
-    No polling: the connection LISTENs on ``outbox_settled`` and looks the key up again on
-    each notification. The connection must have no transaction open; it is used in
-    autocommit mode meanwhile and given back as it was. A key not yet enqueued (or not yet
-    committed) is waited for like a pending one.
+    The connection LISTENs on ``outbox_settled`` and looks the key up again on each
+    notification; between notifications it also looks again after a pause that starts at
+    50 ms and doubles up to 2 s, so that a lost notification (a pooler that drops LISTEN)
+    or a key first enqueued already held still ends the wait. The connection must have no
+    transaction open; it is used in autocommit mode meanwhile and given back as it was. A
+    key not yet enqueued (or not yet committed) is waited for like a pending one.
     """
     deadline = time.monotonic() + timeout
     status = conn.info.transaction_status
@@ -110,6 +112,7 @@ def _wait(
             conn.execute(_core.PASS_GATE)
     except psycopg.errors.LockNotAvailable as err:
         raise _core.timed_out(key, timeout, found) from err
+    pause = _core.POLL_FIRST
     while True:
         found = lookup(conn, key)
         if found is not None and found.settled:
@@ -117,8 +120,10 @@ def _wait(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _core.timed_out(key, timeout, found)
-        for _ in conn.notifies(timeout=remaining, stop_after=1):
+        # A notification ends the pause early; the pause's end is the fallback look.
+        for _ in conn.notifies(timeout=min(pause, remaining), stop_after=1):
             pass
+        pause = _core.next_poll(pause)
 
 
 def _leave(conn: psycopg.Connection[Any], autocommit: bool, *, quiet: bool) -> None:

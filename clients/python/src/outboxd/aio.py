@@ -4,13 +4,14 @@ from outboxd import aio
 async with conn.transaction():
     await aio.enqueue(conn, key, "webhook", {"url": "https://…"})
 status = await aio.wait(conn, key, timeout=30)
+outcome = await aio.call_once(conn, key, "webhook", {"url": "https://…"}, timeout=20)
 """
 
 from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -32,6 +33,7 @@ from ._core import (
     WebhookPayload,
     key,
 )
+from .tool import Outcome, OutcomeKind, outcome_of
 
 __all__ = [
     "EmailPayload",
@@ -42,8 +44,11 @@ __all__ = [
     "KeyConflict",
     "MessageStatus",
     "OutboxError",
+    "Outcome",
+    "OutcomeKind",
     "State",
     "WebhookPayload",
+    "call_once",
     "enqueue",
     "key",
     "lookup",
@@ -135,6 +140,7 @@ async def _wait(
             await conn.execute(_core.PASS_GATE)
     except psycopg.errors.LockNotAvailable as err:
         raise _core.timed_out(key, timeout, found) from err
+    pause = _core.POLL_FIRST
     while True:
         found = await lookup(conn, key)
         if found is not None and found.settled:
@@ -142,8 +148,10 @@ async def _wait(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _core.timed_out(key, timeout, found)
-        async for _ in conn.notifies(timeout=remaining, stop_after=1):
+        # A notification ends the pause early; the pause's end is the fallback look.
+        async for _ in conn.notifies(timeout=min(pause, remaining), stop_after=1):
             pass
+        pause = _core.next_poll(pause)
 
 
 async def _leave(conn: psycopg.AsyncConnection[Any], autocommit: bool, *, quiet: bool) -> None:
@@ -156,3 +164,47 @@ async def _leave(conn: psycopg.AsyncConnection[Any], autocommit: bool, *, quiet:
     except psycopg.Error:
         if not quiet:
             raise
+
+
+async def call_once(
+    conn: psycopg.AsyncConnection[Any],
+    key: str,
+    channel: str,
+    payload: Mapping[str, Any],
+    *,
+    timeout: float,
+    held: bool = False,
+    write: Callable[[psycopg.AsyncConnection[Any]], Awaitable[object]] | None = None,
+    max_attempts: int = 3,
+    retry_ambiguous: bool = True,
+    run_after: datetime.datetime | None = None,
+    ordering_key: str | None = None,
+) -> Outcome:
+    """`outboxd.tool.call_once` for an async connection (`write` is awaited)."""
+    status = conn.info.transaction_status
+    if status != TransactionStatus.IDLE:
+        raise _core.not_idle(status.name)
+    async with conn.transaction():
+        found = await lookup(conn, key)
+    if found is None or not found.settled:
+        async with conn.transaction():
+            sent = await enqueue(
+                conn,
+                key,
+                channel,
+                payload,
+                run_after=run_after,
+                max_attempts=max_attempts,
+                retry_ambiguous=retry_ambiguous,
+                held=held,
+                ordering_key=ordering_key,
+            )
+            if sent.created and write is not None:
+                await write(conn)
+        try:
+            found = await wait(conn, key, timeout)
+        except TimeoutError:
+            async with conn.transaction():
+                found = await lookup(conn, key)
+    assert found is not None  # committed above
+    return outcome_of(found)
