@@ -7,6 +7,7 @@
 
 pub mod email;
 pub mod guard;
+pub mod http;
 pub mod webhook;
 
 use crate::model::Channel;
@@ -208,9 +209,22 @@ pub struct Deliverers {
     pub webhook: webhook::WebhookSender,
     /// E-mail delivery, when an SMTP relay is configured.
     pub email: Option<email::EmailSender>,
+    /// Calls to providers' APIs through named endpoints (over the webhook client).
+    pub http: http::HttpSender,
 }
 
 impl Deliverers {
+    /// The channels over `webhook`'s client: http with no endpoint secrets (a worker's
+    /// start-up gives them: [`http::HttpSender::new`]).
+    pub fn new(webhook: webhook::WebhookSender, email: Option<email::EmailSender>) -> Self {
+        let http = http::HttpSender::new(&webhook, http::settings::EndpointSecrets::default());
+        Deliverers {
+            webhook,
+            email,
+            http,
+        }
+    }
+
     /// How many messages of `channel` can be sent at once, when the channel itself bounds
     /// it (e-mail: the relay's connections). The worker claims no more than that, so that
     /// claimed rows do not queue for a connection while their leases run.
@@ -226,7 +240,7 @@ impl Deliverers {
         match channel {
             Channel::Webhook => Some(self.webhook.timeout()),
             Channel::Email => self.email.as_ref().map(|e| e.timeout()),
-            Channel::Http => None,
+            Channel::Http => Some(self.http.timeout()),
         }
     }
 
@@ -245,9 +259,7 @@ impl Deliverers {
                     "the email channel is not configured on this worker",
                 )),
             },
-            Channel::Http => Ready::Refused(DeliveryError::invalid(
-                "the http channel is not served by this worker",
-            )),
+            Channel::Http => Ready::Http(&self.http),
         }
     }
 }
@@ -258,6 +270,8 @@ pub enum Ready<'a> {
     Webhook(&'a webhook::WebhookSender),
     /// E-mail, holding one of the relay's connection slots.
     Email(&'a email::EmailSender, email::pool::SmtpSlot<'a>),
+    /// Http calls share the webhook client and need no slot of their own.
+    Http(&'a http::HttpSender),
     /// The channel cannot send: the attempt fails with this, no network call made.
     Refused(DeliveryError),
 }
@@ -274,6 +288,7 @@ impl Ready<'_> {
         match self {
             Ready::Webhook(sender) => Box::pin(sender.send(msg)).await,
             Ready::Email(sender, slot) => Box::pin(sender.send(slot, msg)).await.into(),
+            Ready::Http(sender) => Box::pin(sender.send(msg)).await,
             Ready::Refused(e) => Attempted::unsent(e),
         }
     }
@@ -281,7 +296,7 @@ impl Ready<'_> {
 
 /// A payload as an operator may see it (`outboxd show`, the console), keeping no more than
 /// the logs and `outbox.attempts` do: each channel redacts its own members
-/// ([`webhook::redact`], [`email::redact`]). A payload that is not a JSON object is not
+/// ([`webhook::redact`], [`email::redact`], [`http::redact`]). A payload that is not a JSON object is not
 /// shown at all.
 pub fn redact_payload(channel: Channel, mut payload: serde_json::Value) -> serde_json::Value {
     let Some(fields) = payload.as_object_mut() else {
@@ -290,8 +305,7 @@ pub fn redact_payload(channel: Channel, mut payload: serde_json::Value) -> serde
     match channel {
         Channel::Webhook => webhook::redact::redact(fields),
         Channel::Email => email::redact::redact(fields),
-        // Until the channel owns its redaction: the endpoint's name and the method only.
-        Channel::Http => fields.retain(|k, _| k == "endpoint" || k == "method"),
+        Channel::Http => http::redact::redact(fields),
     }
     payload
 }

@@ -6,12 +6,13 @@
 //! the integration tests.
 //!
 //! One room per user of the statements: `connection` (set-up, checks, wake-ups), `lease`,
-//! `enqueue` (the application's), `migrate`, `status`, `ops` (operators and the console)
-//! and `breakers`. Each re-exported here, so a statement is `queries::NAME` wherever it
-//! lives.
+//! `enqueue` (the application's), `migrate`, `status`, `ops` (operators and the console),
+//! `breakers` and `endpoints` (the http channel's table, as the worker reads it). Each
+//! re-exported here, so a statement is `queries::NAME` wherever it lives.
 
 mod breakers;
 mod connection;
+mod endpoints;
 mod enqueue;
 mod lease;
 mod migrate;
@@ -20,6 +21,7 @@ mod status;
 
 pub use breakers::*;
 pub use connection::*;
+pub use endpoints::*;
 pub use enqueue::*;
 pub use lease::*;
 pub use migrate::*;

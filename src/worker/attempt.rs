@@ -160,6 +160,19 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Job, claimed_at: In
             return Done::deferred(msg.msg, DeferReason::Breaker, delay);
         }
     }
+    // An endpoint made or moved since the last reading of the table: read it again first,
+    // so the message is not refused for a name or a host this worker has not seen yet.
+    if msg.channel == Channel::Http
+        && shared
+            .deliverers
+            .http
+            .needs_refresh(&msg.payload, msg.destination.as_deref())
+    {
+        let table = shared.deliverers.http.endpoints();
+        if let Err(e) = super::endpoints::refresh(&shared.pools.general, table).await {
+            tracing::warn!(error = %e, "reading outbox.endpoints failed; will try again");
+        }
+    }
     let ready = tokio::select! {
         r = shared.deliverers.ready(msg.channel) => r,
         _ = shared.stopping.cancelled() => return Done::Released(msg.id, msg.lease_token),
@@ -179,7 +192,7 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Job, claimed_at: In
     // looks up first sends the lookup first, to the lookup's host (`reconcile.url` may name
     // another): that host admits it, and the request after it asks its own host again, in
     // the attempt (`Leave`, `WebhookSender::send`).
-    let looks_up = msg.channel == Channel::Webhook
+    let looks_up = matches!(msg.channel, Channel::Webhook | Channel::Http)
         && msg.reconcile
         && msg.previous_class == Some(ErrorClass::Ambiguous);
     let first = if looks_up {

@@ -617,6 +617,7 @@ fn debug_of_what_holds_secrets_shows_none() {
         email_message_id_domain: None,
         host_concurrency: 0,
         webhook_rate_limits: None,
+        endpoint_secrets: Vec::new(),
     };
     let keys = settings::SigningKeys::from_values(Some(&secret), &named).unwrap();
     let urls = UrlCache::default();

@@ -46,20 +46,20 @@ const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature
 /// Sends webhooks through one shared HTTP client (keep-alive connection pools per host).
 #[derive(Debug, Clone)]
 pub struct WebhookSender {
-    client: HttpClient,
+    pub(in crate::deliver) client: HttpClient,
     guard: Guard,
     /// The client's resolver, also asked before a request whose reconcile URL names a host
     /// (see [`GuardedResolver::refuses`]).
     resolver: GuardedResolver,
     signing: std::sync::Arc<SigningKeys>,
-    timeout: Duration,
+    pub(in crate::deliver) timeout: Duration,
     /// Payload URLs parsed before, shared by every clone of the sender.
     urls: std::sync::Arc<UrlCache>,
 }
 
 /// The host of a URL, for error messages (never the path or query, which often carry
 /// tokens).
-fn host_of(url: &url::Url) -> String {
+pub(in crate::deliver) fn host_of(url: &url::Url) -> String {
     url.host_str().unwrap_or("?").to_owned()
 }
 
@@ -110,7 +110,7 @@ fn too_late(
 }
 
 /// The status, the provider's deduplication flag and its `Retry-After` (on 429 and 503).
-fn answer_headers(response: &Response) -> (u16, bool, Option<Duration>) {
+pub(in crate::deliver) fn answer_headers(response: &Response) -> (u16, bool, Option<Duration>) {
     let status = response.status().as_u16();
     let deduplicated = response
         .headers()
@@ -395,7 +395,11 @@ impl WebhookSender {
 
     /// A URL whose host is an IP literal never reaches the resolver: check it here.
     /// `field` names the URL in the error (empty for the request's own).
-    fn check_literal_host(&self, url: &url::Url, field: &str) -> Result<(), DeliveryError> {
+    pub(in crate::deliver) fn check_literal_host(
+        &self,
+        url: &url::Url,
+        field: &str,
+    ) -> Result<(), DeliveryError> {
         let ip = match url.host() {
             Some(url::Host::Ipv4(v4)) => std::net::IpAddr::V4(v4),
             Some(url::Host::Ipv6(v6)) => std::net::IpAddr::V6(v6),
