@@ -21,6 +21,7 @@ mod email;
 mod enqueue;
 mod failover;
 mod hostile_sql;
+mod http_channel;
 mod leases;
 mod migrations;
 mod ops;
