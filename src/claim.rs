@@ -55,6 +55,9 @@ pub struct Claimed {
     pub destination: Option<String>,
     /// Where its reconciliation lookup goes, named the same way.
     pub lookup_destination: Option<String>,
+    /// When the first attempt since enqueue (or replay) began: a provider remembers the key
+    /// for a while from then (an endpoint's `key_ttl`).
+    pub first_attempt_at: Option<SystemTime>,
 }
 
 impl std::fmt::Debug for Claimed {
@@ -359,6 +362,7 @@ fn claimed_rows(rows: Vec<tokio_postgres::Row>) -> Vec<Claimed> {
             reconcile: lookup_destination.is_some(),
             destination: row.get("destination"),
             lookup_destination,
+            first_attempt_at: row.get("first_attempt_at"),
         });
     }
     claimed

@@ -168,6 +168,10 @@ pub struct Outgoing<'a> {
     /// The worker's limits per destination, for an attempt that looks up before it sends
     /// ([`RequestLimits`]); `None`: no limits.
     pub limits: Option<&'a dyn RequestLimits>,
+    /// The provider may have forgotten the message key (an http endpoint's `key_ttl` has
+    /// passed since the first attempt): after an ambiguous attempt nothing is sent blind,
+    /// only a lookup.
+    pub key_window_closed: bool,
 }
 
 /// The worker's limits per destination (`--host-concurrency`, rate limits) as an attempt
@@ -198,6 +202,7 @@ impl std::fmt::Debug for Outgoing<'_> {
             .field("previous", &self.previous)
             .field("last_attempt", &self.last_attempt)
             .field("limits", &self.limits.is_some())
+            .field("key_window_closed", &self.key_window_closed)
             .finish()
     }
 }

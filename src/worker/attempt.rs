@@ -234,6 +234,7 @@ async fn attempt(
     }
     let span = attempt_span(&msg);
     let started_at = SystemTime::now();
+    let key_window_closed = key_window_closed(shared, &msg, started_at);
     let t0 = Instant::now();
     let attempted = ready
         .send(Outgoing {
@@ -245,6 +246,7 @@ async fn attempt(
             previous: msg.previous_class,
             last_attempt: msg.attempt >= msg.max_attempts,
             limits,
+            key_window_closed,
         })
         .instrument(span.clone())
         .await;
@@ -268,7 +270,8 @@ async fn attempt(
         // refuses now is `invalid`, not a question for a person).
         after_ambiguous: msg.previous_class == Some(ErrorClass::Ambiguous)
             && !attempted.lookup_said(Verdict::NotHappened),
-    };
+    }
+    .key_window(key_window_closed || key_window_closed_now(shared, &msg));
     let jitter: f64 = rand::random();
     let reconciled = attempted.reconciled();
     let completion = match attempted.result {
@@ -309,6 +312,16 @@ async fn attempt(
                     )
                 }
                 // `decide` counted it as ambiguous: say why, since the error is not.
+                // Not sent blind once the provider may have forgotten the key.
+                Some(ErrorClass::Ambiguous)
+                    if !msg.reconcile && key_window_closed_now(shared, &msg) =>
+                {
+                    format!(
+                        "{}; the provider's key window (the endpoint's key_ttl) has closed since \
+                         the first attempt, so it is not sent again blind",
+                        err.message
+                    )
+                }
                 Some(ErrorClass::Ambiguous) if err.class == ErrorClass::Invalid => format!(
                     "{}; nothing was sent, and an earlier attempt may have taken effect",
                     err.message
@@ -341,6 +354,26 @@ async fn attempt(
         duration,
     };
     Done::Completed(completion, log)
+}
+
+/// Whether the provider may have forgotten `msg`'s key at `now`: an http message whose
+/// endpoint has a `key_ttl` that has passed since the first attempt began.
+fn key_window_closed(shared: &Shared, msg: &Claimed, now: SystemTime) -> bool {
+    if msg.channel != Channel::Http {
+        return false;
+    }
+    let (Some(ttl), Some(first)) = (
+        shared.deliverers.http.key_ttl(&msg.payload),
+        msg.first_attempt_at,
+    ) else {
+        return false;
+    };
+    first.checked_add(ttl).is_some_and(|closes| closes <= now)
+}
+
+/// [`key_window_closed`] now.
+fn key_window_closed_now(shared: &Shared, msg: &Claimed) -> bool {
+    key_window_closed(shared, msg, SystemTime::now())
 }
 
 /// The attempt's trace span ([`crate::telemetry`]): the message, its key escaped as the logs
@@ -470,6 +503,7 @@ mod tests {
             reconcile: false,
             destination: None,
             lookup_destination: None,
+            first_attempt_at: None,
         }
     }
 

@@ -204,6 +204,11 @@ fn webhook_config(timeout: Duration) -> WebhookConfig {
 
 /// A worker with the STRIPE secret, on the http channel.
 fn start(db: &TestDb, timeout: Duration) -> RunningWorker {
+    start_with(db, timeout, test_worker_config("w"))
+}
+
+/// [`start`] with worker settings of the test's own.
+fn start_with(db: &TestDb, timeout: Duration, cfg: outboxd::config::WorkerConfig) -> RunningWorker {
     let webhook = WebhookSender::new(&webhook_config(timeout)).unwrap();
     let secrets = EndpointSecrets::default().with("stripe", API_KEY);
     let deliverers = Deliverers {
@@ -213,7 +218,7 @@ fn start(db: &TestDb, timeout: Duration) -> RunningWorker {
     };
     let cfg = outboxd::config::WorkerConfig {
         channels: vec![outboxd::model::Channel::Http],
-        ..test_worker_config("w")
+        ..cfg
     };
     let pools = outboxd::worker::Pools::new(&db.database(), 4).unwrap();
     RunningWorker::start_with_deliverers(db, pools, cfg, deliverers)
@@ -653,5 +658,53 @@ fn debug_and_show_keep_the_secret_and_the_values_out() {
     assert!(
         shown.contains("stripe") && shown.contains("X-Token"),
         "{shown}"
+    );
+}
+
+/// After an ambiguous attempt, once the endpoint's `key_ttl` has passed since the first
+/// attempt, a message without a lookup is not sent again: the provider may have forgotten
+/// the key. It is dead, class `ambiguous`, its error naming the key window.
+#[tokio::test]
+async fn no_blind_resend_once_the_key_window_has_closed() {
+    let db = TestDb::new().await;
+    let p = Provider::start(false, Some(Duration::from_secs(2))).await;
+    add_endpoint(&db, "stripe", &p.url(""), Some("stripe")).await;
+    db.client()
+        .await
+        .execute(
+            "UPDATE outbox.endpoints SET key_ttl = interval '1 second'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut payload = charge("ttl-1");
+    payload.as_object_mut().unwrap().remove("reconcile");
+    enqueue(&db, "ttl-1", payload).await.unwrap();
+    // The retry comes after the window (1 s) has closed.
+    let cfg = outboxd::config::WorkerConfig {
+        retry: outboxd::retry::RetryPolicy {
+            base: Duration::from_millis(1500),
+            max: Duration::from_millis(1500),
+        },
+        ..test_worker_config("w")
+    };
+    let w = start_with(&db, Duration::from_millis(700), cfg);
+    let row = wait_for_state(&db, "ttl-1", "dead", WAIT).await;
+    w.stop().await;
+    assert_eq!(row.error_class.as_deref(), Some("ambiguous"));
+    let error = row.last_error.unwrap();
+    assert!(error.contains("key window"), "{error}");
+    assert_eq!(p.seen().len(), 1, "one request, never a blind second");
+    let history: Vec<(String, Option<String>)> = attempts(&db, "ttl-1")
+        .await
+        .into_iter()
+        .map(|a| (a.1, a.2))
+        .collect();
+    assert_eq!(
+        history,
+        [
+            ("retry".to_owned(), Some("ambiguous".to_owned())),
+            ("dead".to_owned(), Some("ambiguous".to_owned()))
+        ]
     );
 }

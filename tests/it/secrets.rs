@@ -638,6 +638,7 @@ fn debug_of_what_holds_secrets_shows_none() {
         reconcile: false,
         destination: Some("hooks.example.com:8443".into()),
         lookup_destination: None,
+        first_attempt_at: None,
     };
 
     let outgoing = outboxd::deliver::Outgoing {
@@ -649,6 +650,7 @@ fn debug_of_what_holds_secrets_shows_none() {
         previous: None,
         last_attempt: false,
         limits: None,
+        key_window_closed: false,
     };
     let email_text = json!({
         "from": "Shop <shop@example.com>",

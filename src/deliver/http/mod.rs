@@ -120,6 +120,18 @@ impl HttpSender {
             Err(e) => return Attempted::unsent(e),
         };
         let mut lookup = None;
+        if msg.previous == Some(ErrorClass::Ambiguous)
+            && msg.key_window_closed
+            && p.call.reconcile.is_none()
+        {
+            return Attempted::unsent(DeliveryError::new(
+                ErrorClass::Ambiguous,
+                format!(
+                    "not sent to {}: an earlier attempt may have taken effect",
+                    host_of(&p.url)
+                ),
+            ));
+        }
         if msg.previous == Some(ErrorClass::Ambiguous) {
             if let Some(r) = &p.call.reconcile {
                 let (l, settled) = self.reconcile(&p, r, msg, deadline).await;
