@@ -315,6 +315,22 @@ pub fn redact_payload(channel: Channel, mut payload: serde_json::Value) -> serde
     payload
 }
 
+/// The value a reconciliation's `found` pointer names in a kept body (a lookup's summary),
+/// when it names one that is not null, an empty array or an empty object (webhook and
+/// http lookups alike). A truncated body names nothing.
+pub(crate) fn found_value(summary: &serde_json::Value, pointer: &str) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    if summary.get("body_truncated") == Some(&Value::Bool(true)) {
+        return None;
+    }
+    match summary.get("body")?.pointer(pointer)? {
+        Value::Null => None,
+        Value::Array(a) if a.is_empty() => None,
+        Value::Object(o) if o.is_empty() => None,
+        v => Some(v.clone()),
+    }
+}
+
 /// A payload's `headers` as shown: the names kept, every value `[redacted]`.
 fn redact_headers(headers: serde_json::Value) -> serde_json::Value {
     use serde_json::Value;

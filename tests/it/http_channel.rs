@@ -708,3 +708,52 @@ async fn no_blind_resend_once_the_key_window_has_closed() {
         ]
     );
 }
+
+/// `found` on a webhook's lookup: a search page that answers 200 with an empty list means
+/// "it did not happen", and the request is sent in the same attempt; one that names the
+/// operation settles it, and `response.body` keeps the operation, not the page.
+#[tokio::test]
+async fn a_webhook_lookup_with_found_reads_the_answer_not_the_status() {
+    use common::receiver::{Receiver, Reply};
+    let db = TestDb::new().await;
+    let rx = Receiver::start().await;
+    let c = db.client().await;
+    for (key, page, settled) in [
+        ("wh-empty", json!({"data": []}), false),
+        ("wh-found", json!({"data": [{"id": "op_1"}]}), true),
+    ] {
+        let payload = json!({"url": rx.url("/hook"), "body": {"n": 1}, "store_response": true,
+            "reconcile": {"url": rx.url("/search"), "found": "/data/0"}});
+        outboxd::enqueue(&c, &outboxd::NewMessage::webhook(key, payload))
+            .await
+            .unwrap();
+        c.execute(
+            "UPDATE outbox.messages SET error_class = 'ambiguous' WHERE message_key = $1",
+            &[&key],
+        )
+        .await
+        .unwrap();
+        rx.script([Reply::Body(
+            200,
+            Some("application/json"),
+            page.to_string().into_bytes(),
+        )]);
+        let w = RunningWorker::start(&db, test_worker_config("w"), test_webhook_config());
+        let row = wait_for_state(&db, key, "delivered", WAIT).await;
+        w.stop().await;
+        let response = row.response.unwrap();
+        let calls: Vec<String> = rx
+            .requests_for(key)
+            .iter()
+            .map(|r| format!("{} {}", r.method, r.uri.path()))
+            .collect();
+        if settled {
+            assert_eq!(response["reconciled"], true, "{response}");
+            assert_eq!(response["body"], json!({"id": "op_1"}), "{response}");
+            assert_eq!(calls, ["GET /search"]);
+        } else {
+            assert!(response.get("reconciled").is_none(), "{response}");
+            assert_eq!(calls, ["GET /search", "POST /hook"]);
+        }
+    }
+}

@@ -386,7 +386,7 @@ impl HttpSender {
         if verdict == Verdict::Happened && (p.call.store_response || r.found.is_some()) {
             body::keep(&mut response, &mut summary, deadline).await;
             if let Some(pointer) = &r.found {
-                let named = found(&summary, pointer);
+                let named = super::found_value(&summary, pointer);
                 match named {
                     Some(v) => {
                         if let Some(map) = summary.as_object_mut() {
@@ -453,21 +453,6 @@ impl HttpSender {
     }
 }
 
-/// The value `pointer` names in a kept body, when it names one that is not null, an empty
-/// array or an empty object.
-fn found(summary: &serde_json::Value, pointer: &str) -> Option<serde_json::Value> {
-    use serde_json::Value;
-    if summary.get("body_truncated") == Some(&Value::Bool(true)) {
-        return None;
-    }
-    match summary.get("body")?.pointer(pointer)? {
-        Value::Null => None,
-        Value::Array(a) if a.is_empty() => None,
-        Value::Object(o) if o.is_empty() => None,
-        v => Some(v.clone()),
-    }
-}
-
 /// The failure of an attempt whose lookup did not settle it; `what` is one safe line.
 fn lookup_failed(class: ErrorClass, what: &str) -> DeliveryError {
     let message = match class {
@@ -481,7 +466,7 @@ fn lookup_failed(class: ErrorClass, what: &str) -> DeliveryError {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::super::found_value as found;
 
     #[test]
     fn found_names_a_value_or_nothing() {
