@@ -621,17 +621,31 @@ async fn bad_secrets_stop_the_start() {
         assert!(lines[0].contains(needle), "{lines:?}");
         assert_no_key("stderr", &out.stderr);
     }
-    // From a file, the daemon starts and drains.
+    // From a file, the daemon starts, sends a charge with the key read from it, and
+    // drains; its every log line at trace level holds no trace of the key.
+    let p = Provider::start(false, None).await;
+    add_endpoint(&db, "stripe", &p.url(""), Some("stripe")).await;
+    enqueue(&db, "bin-1", charge("bin-1")).await.unwrap();
     let mut cmd = outboxd(Some(&db.url()));
     cmd.args(["run", "--drain"])
         .env("OUTBOXD_SECRET_STRIPE_FILE", &full)
+        .env("OUTBOXD_ALLOW_PRIVATE_NETWORKS", "true")
         .env("RUST_LOG", "trace");
-    let out = run_within(&mut cmd, Duration::from_secs(20));
+    // The provider answers on this thread's runtime: the daemon is waited for on another.
+    let out = tokio::task::spawn_blocking(move || run_within(&mut cmd, Duration::from_secs(30)))
+        .await
+        .unwrap();
     assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(row(&db, "bin-1").await.state, "delivered");
+    assert_eq!(
+        p.seen()[0].header("authorization").as_deref(),
+        Some(API_KEY)
+    );
     assert_no_key(
         "the daemon's output",
         &format!("{}{}", out.stdout, out.stderr),
     );
+    assert_no_key("the database", &stored_text(&db).await);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
