@@ -109,6 +109,13 @@ const ENVIRONMENT: &[EnvSetting] = &[
         console: false,
     },
     EnvSetting {
+        name: "OUTBOXD_SECRET_<NAME>",
+        meaning: "an http endpoint's secret (NAME: A-Z, 0-9, _), the whole value of its auth \
+             header; OUTBOXD_SECRET_<NAME>_FILE names a file holding it instead",
+        run: true,
+        console: false,
+    },
+    EnvSetting {
         name: "OUTBOXD_ALLOW_PRIVATE_NETWORKS",
         meaning: "true: webhooks may go to loopback, private and reserved addresses (refused by \
              default, the message dead with class invalid)",
