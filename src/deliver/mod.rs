@@ -5,6 +5,9 @@
 //! [`ErrorClass`], so the worker never inspects transport errors itself. The delivery code
 //! never touches SQL and never holds a database transaction.
 
+pub mod body;
+pub mod classify;
+pub mod client;
 pub mod email;
 pub mod guard;
 pub mod http;

@@ -10,9 +10,6 @@
 //! lookup first ([`reconcile`]), within the same timeout; with `store_response` the
 //! delivering response's body is kept in the summary ([`body`]), read within bounds.
 
-pub mod body;
-pub mod classify;
-pub mod client;
 pub mod destination;
 pub mod payload;
 pub mod reconcile;
@@ -25,12 +22,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use self::classify::{classify_error, parse_retry_after};
-use self::client::{HttpClient, Response};
 use self::payload::{Request, check, parse_payload_with};
 use self::settings::{SigningKeys, WebhookConfig};
 use self::signing::signatures;
 use self::urls::UrlCache;
+use super::body;
+use super::classify::{classify_error, parse_retry_after};
+use super::client::{HttpClient, Response};
 use super::guard::{Guard, GuardedResolver};
 use super::{Attempted, Delivered, DeliveryError, Outgoing};
 use crate::model::{ConfigError, ErrorClass};

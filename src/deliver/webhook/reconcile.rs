@@ -11,8 +11,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::classify::classify_error;
-use super::{Prepared, WebhookSender, body, host_of};
+use super::{Prepared, WebhookSender, host_of};
+use crate::deliver::body;
+use crate::deliver::classify::classify_error;
 use crate::deliver::{Delivered, DeliveryError};
 use crate::model::ErrorClass;
 
@@ -178,7 +179,7 @@ impl WebhookSender {
     /// operation was not found.
     async fn found(
         &self,
-        response: &mut super::client::Response,
+        response: &mut crate::deliver::client::Response,
         store: bool,
         found: Option<&str>,
         deadline: tokio::time::Instant,
