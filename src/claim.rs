@@ -55,6 +55,9 @@ pub struct Claimed {
     pub destination: Option<String>,
     /// Where its reconciliation lookup goes, named the same way.
     pub lookup_destination: Option<String>,
+    /// When the provider may forget the key (`outbox.key_expires_at`: the first attempt's
+    /// start plus the endpoint's `key_ttl`); `None` without a `key_ttl`.
+    pub key_expires_at: Option<SystemTime>,
 }
 
 impl std::fmt::Debug for Claimed {
@@ -359,6 +362,7 @@ fn claimed_rows(rows: Vec<tokio_postgres::Row>) -> Vec<Claimed> {
             reconcile: lookup_destination.is_some(),
             destination: row.get("destination"),
             lookup_destination,
+            key_expires_at: row.get("key_expires_at"),
         });
     }
     claimed

@@ -56,6 +56,13 @@ impl NewMessage {
         NewMessage::new(key, Channel::Email, payload)
     }
 
+    /// A call to a provider's API through a named endpoint: `{"endpoint": …, "method": …,
+    /// "path": …, "query": {…}, "form": {…} | "json": …, "headers": {…}, "reconcile": {…},
+    /// "store_response": …}`; the endpoint must exist at enqueue.
+    pub fn http(key: impl Into<String>, payload: Value) -> Self {
+        NewMessage::new(key, Channel::Http, payload)
+    }
+
     /// A message on any channel.
     pub fn new(key: impl Into<String>, channel: Channel, payload: Value) -> Self {
         NewMessage {

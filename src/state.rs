@@ -164,6 +164,21 @@ pub struct Budget {
     pub after_ambiguous: bool,
 }
 
+impl Budget {
+    /// The budget of a message whose provider may have forgotten its key (an endpoint's
+    /// `key_ttl` has passed since the first attempt, `closed`): the same key no longer
+    /// protects a resend, so an ambiguous outcome is never retried blind. With a lookup
+    /// (`reconcile`) it is retried as before, since that attempt asks first and sends only
+    /// after the provider said the earlier one did not happen; without one it is `dead`,
+    /// class `ambiguous`, for a person to settle.
+    pub fn key_window(self, closed: bool) -> Budget {
+        Budget {
+            retry_ambiguous: self.retry_ambiguous && !closed,
+            ..self
+        }
+    }
+}
+
 /// Maps how an attempt ended ([`Ended`], or the class of its failure: `None` when it was
 /// delivered) to the next state.
 ///
@@ -265,6 +280,57 @@ mod tests {
             reconcile: true,
             ..budget(attempt, max_attempts, retry_ambiguous)
         }
+    }
+
+    /// A closed key window withdraws the consent to resend blind, not the lookup's.
+    #[test]
+    fn a_closed_key_window_sends_nothing_blind() {
+        let p = policy();
+        let amb = Some(ErrorClass::Ambiguous);
+        // Open: retried by consent. Closed: dead, ambiguous, with budget left.
+        assert!(matches!(
+            decide(amb, budget(1, 5, true).key_window(false), &p, None, 0.5),
+            Transition::Retry { .. }
+        ));
+        assert_eq!(
+            decide(amb, budget(1, 5, true).key_window(true), &p, None, 0.5),
+            Transition::Dead {
+                class: ErrorClass::Ambiguous
+            }
+        );
+        // A refusal to send blind after an ambiguous attempt ends the same way.
+        assert_eq!(
+            decide(
+                amb,
+                after_ambiguous(2, 5, true).key_window(true),
+                &p,
+                None,
+                0.5
+            ),
+            Transition::Dead {
+                class: ErrorClass::Ambiguous
+            }
+        );
+        // With a lookup, the next attempt asks first: retried as before.
+        assert!(matches!(
+            decide(amb, reconciling(1, 5, true).key_window(true), &p, None, 0.5),
+            Transition::Retry { .. }
+        ));
+        // Other outcomes do not change.
+        assert_eq!(
+            decide(None, budget(1, 5, true).key_window(true), &p, None, 0.5),
+            Transition::Delivered
+        );
+        assert!(matches!(
+            decide(
+                Some(ErrorClass::Transient),
+                budget(1, 5, true).key_window(true),
+                &p,
+                None,
+                0.5
+            ),
+            Transition::Retry { .. }
+        ));
     }
 
     /// Every arm of the transition table, as a table.

@@ -538,7 +538,7 @@ pub struct RunArgs {
     /// How long delivered messages are kept (at least 24h).
     #[arg(long, env = "OUTBOXD_RETENTION", default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
     pub retention: Duration,
-    /// Channels to deliver (default: webhook, plus email when OUTBOXD_SMTP_URL is set).
+    /// Channels to deliver (default: webhook,http, plus email when OUTBOXD_SMTP_URL is set).
     #[arg(long, env = "OUTBOXD_CHANNELS", value_name = "LIST")]
     pub channels: Option<String>,
     /// This worker's name in leases and history (default: hostname-pid).

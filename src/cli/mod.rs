@@ -77,6 +77,9 @@ pub struct Env {
     pub email_message_id_domain: Option<String>,
     /// `OUTBOXD_CONSOLE_TOKEN`: the console's sign-in token.
     pub console_token: Option<Secret>,
+    /// Every `OUTBOXD_SECRET_<NAME>` and `OUTBOXD_SECRET_<NAME>_FILE`, as (variable,
+    /// value), empty ones included (refused where they are read).
+    pub endpoint_secrets: Vec<(String, Secret)>,
 }
 
 /// The `OUTBOXD_WEBHOOK_SECRET_<NAME>` variables among `vars` that are not empty, sorted by
@@ -85,8 +88,19 @@ pub struct Env {
 fn named_secrets(
     vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
 ) -> Result<Vec<(String, Secret)>, ConfigError> {
+    prefixed(
+        vars,
+        &format!("{}_", crate::deliver::webhook::settings::SECRET_VAR),
+    )
+}
+
+/// The variables among `vars` whose names start with `prefix`, sorted by name, as
+/// [`named_secrets`] reads them.
+fn prefixed(
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    prefix: &str,
+) -> Result<Vec<(String, Secret)>, ConfigError> {
     use std::os::unix::ffi::OsStrExt as _;
-    let prefix = format!("{}_", crate::deliver::webhook::settings::SECRET_VAR);
     let mut found: Vec<(String, Secret)> = Vec::new();
     for (k, v) in vars {
         // Bytes, not text: a name that is not UTF-8 is still one of ours by its prefix.
@@ -129,6 +143,10 @@ impl Env {
             webhook_allow_hosts: var("OUTBOXD_WEBHOOK_ALLOW_HOSTS")?,
             email_message_id_domain: var("OUTBOXD_EMAIL_MESSAGE_ID_DOMAIN")?,
             console_token: protection("OUTBOXD_CONSOLE_TOKEN")?,
+            endpoint_secrets: prefixed(
+                std::env::vars_os(),
+                crate::deliver::http::settings::SECRET_PREFIX,
+            )?,
         })
     }
 

@@ -7,7 +7,7 @@ use crate::config::WorkerConfig;
 use crate::config::assemble::{self, RunInput};
 use crate::deliver::email::settings::EmailConfig;
 use crate::deliver::webhook::settings::{DestinationPolicy, WebhookConfig};
-use crate::deliver::{Deliverers, email::EmailSender, webhook::WebhookSender};
+use crate::deliver::{Deliverers, email::EmailSender, http::HttpSender, webhook::WebhookSender};
 use crate::model::ConfigError;
 use crate::worker::Worker;
 
@@ -49,12 +49,14 @@ fn run_input(args: &RunArgs, env: &Env) -> RunInput {
         email_message_id_domain: env.email_message_id_domain.clone(),
         host_concurrency: args.host_concurrency,
         webhook_rate_limits: args.webhook_rate_limits.clone(),
+        endpoint_secrets: env.endpoint_secrets.clone(),
     }
 }
 
 pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
     let stop = shutdown_signal()?;
     let (worker_cfg, webhook_cfg, email_cfg) = worker_settings(&args, env)?;
+    let secrets = assemble::endpoint_secrets(&run_input(&args, env))?;
     super::check_schema_at_start(env, true).await?;
     let pg = env.database()?;
     // Claims and completions have a pool of their own (`worker::Pools`); the general one
@@ -65,8 +67,10 @@ pub(super) async fn run(args: RunArgs, env: &Env) -> Result<(), CliError> {
         let handle = crate::metrics::install()?;
         crate::metrics::serve(addr, pool.clone(), handle).await?;
     }
+    let webhook = WebhookSender::new(&webhook_cfg)?;
     let deliverers = Deliverers {
-        webhook: WebhookSender::new(&webhook_cfg)?,
+        http: HttpSender::new(&webhook, secrets),
+        webhook,
         email: email_cfg.as_ref().map(EmailSender::new).transpose()?,
     };
     if worker_cfg

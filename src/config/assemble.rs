@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::config::WorkerConfig;
 use crate::config::limits::{DestinationLimits, RateLimits};
 use crate::deliver::email::settings::{EmailConfig, SmtpUrl, parse_message_id_domain};
+use crate::deliver::http::settings::EndpointSecrets;
 use crate::deliver::webhook::settings::{DestinationPolicy, SigningKeys, WebhookConfig};
 use crate::model::{Channel, ConfigError};
 use crate::retry::RetryPolicy;
@@ -73,6 +74,9 @@ pub struct RunInput {
     pub host_concurrency: usize,
     /// `--webhook-rate-limits` / `OUTBOXD_WEBHOOK_RATE_LIMITS`: `host=N/s|N/m`, comma-separated.
     pub webhook_rate_limits: Option<String>,
+    /// Every `OUTBOXD_SECRET_<NAME>` and `OUTBOXD_SECRET_<NAME>_FILE` variable, as
+    /// (variable, value): the endpoints' secrets ([`endpoint_secrets`]).
+    pub endpoint_secrets: Vec<(String, Secret)>,
 }
 
 /// Builds the worker's settings from the raw values, validated. The e-mail settings are
@@ -97,14 +101,21 @@ pub fn worker_settings(
     Ok((worker, webhook, email))
 }
 
+/// The endpoints' secrets, each read from its variable or its file, checked: an empty
+/// value or file, or both variables of one name, stop the start (exit 2) naming the
+/// variable, never the value.
+pub fn endpoint_secrets(input: &RunInput) -> Result<EndpointSecrets, ConfigError> {
+    EndpointSecrets::from_vars(&input.endpoint_secrets)
+}
+
 /// The channels to deliver: the list given, deduplicated in order, or by default the
-/// webhook channel plus e-mail when an SMTP URL is set.
+/// webhook and http channels plus e-mail when an SMTP URL is set.
 fn channels(input: &RunInput) -> Result<Vec<Channel>, ConfigError> {
     let Some(list) = &input.channels else {
         return Ok(if input.smtp_url.is_some() {
-            vec![Channel::Webhook, Channel::Email]
+            vec![Channel::Webhook, Channel::Http, Channel::Email]
         } else {
-            vec![Channel::Webhook]
+            vec![Channel::Webhook, Channel::Http]
         });
     };
     let mut out = Vec::new();

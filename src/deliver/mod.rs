@@ -5,8 +5,12 @@
 //! [`ErrorClass`], so the worker never inspects transport errors itself. The delivery code
 //! never touches SQL and never holds a database transaction.
 
+pub mod body;
+pub mod classify;
+pub mod client;
 pub mod email;
 pub mod guard;
+pub mod http;
 pub mod webhook;
 
 use crate::model::Channel;
@@ -167,6 +171,10 @@ pub struct Outgoing<'a> {
     /// The worker's limits per destination, for an attempt that looks up before it sends
     /// ([`RequestLimits`]); `None`: no limits.
     pub limits: Option<&'a dyn RequestLimits>,
+    /// The provider may have forgotten the message key (an http endpoint's `key_ttl` has
+    /// passed since the first attempt): after an ambiguous attempt nothing is sent blind,
+    /// only a lookup.
+    pub key_window_closed: bool,
 }
 
 /// The worker's limits per destination (`--host-concurrency`, rate limits) as an attempt
@@ -197,6 +205,7 @@ impl std::fmt::Debug for Outgoing<'_> {
             .field("previous", &self.previous)
             .field("last_attempt", &self.last_attempt)
             .field("limits", &self.limits.is_some())
+            .field("key_window_closed", &self.key_window_closed)
             .finish()
     }
 }
@@ -208,9 +217,22 @@ pub struct Deliverers {
     pub webhook: webhook::WebhookSender,
     /// E-mail delivery, when an SMTP relay is configured.
     pub email: Option<email::EmailSender>,
+    /// Calls to providers' APIs through named endpoints (over the webhook client).
+    pub http: http::HttpSender,
 }
 
 impl Deliverers {
+    /// The channels over `webhook`'s client: http with no endpoint secrets (a worker's
+    /// start-up gives them: [`http::HttpSender::new`]).
+    pub fn new(webhook: webhook::WebhookSender, email: Option<email::EmailSender>) -> Self {
+        let http = http::HttpSender::new(&webhook, http::settings::EndpointSecrets::default());
+        Deliverers {
+            webhook,
+            email,
+            http,
+        }
+    }
+
     /// How many messages of `channel` can be sent at once, when the channel itself bounds
     /// it (e-mail: the relay's connections). The worker claims no more than that, so that
     /// claimed rows do not queue for a connection while their leases run.
@@ -226,7 +248,7 @@ impl Deliverers {
         match channel {
             Channel::Webhook => Some(self.webhook.timeout()),
             Channel::Email => self.email.as_ref().map(|e| e.timeout()),
-            Channel::Http => None,
+            Channel::Http => Some(self.http.timeout()),
         }
     }
 
@@ -245,9 +267,7 @@ impl Deliverers {
                     "the email channel is not configured on this worker",
                 )),
             },
-            Channel::Http => Ready::Refused(DeliveryError::invalid(
-                "the http channel is not served by this worker",
-            )),
+            Channel::Http => Ready::Http(&self.http),
         }
     }
 }
@@ -258,6 +278,8 @@ pub enum Ready<'a> {
     Webhook(&'a webhook::WebhookSender),
     /// E-mail, holding one of the relay's connection slots.
     Email(&'a email::EmailSender, email::pool::SmtpSlot<'a>),
+    /// Http calls share the webhook client and need no slot of their own.
+    Http(&'a http::HttpSender),
     /// The channel cannot send: the attempt fails with this, no network call made.
     Refused(DeliveryError),
 }
@@ -274,6 +296,7 @@ impl Ready<'_> {
         match self {
             Ready::Webhook(sender) => Box::pin(sender.send(msg)).await,
             Ready::Email(sender, slot) => Box::pin(sender.send(slot, msg)).await.into(),
+            Ready::Http(sender) => Box::pin(sender.send(msg)).await,
             Ready::Refused(e) => Attempted::unsent(e),
         }
     }
@@ -281,7 +304,7 @@ impl Ready<'_> {
 
 /// A payload as an operator may see it (`outboxd show`, the console), keeping no more than
 /// the logs and `outbox.attempts` do: each channel redacts its own members
-/// ([`webhook::redact`], [`email::redact`]). A payload that is not a JSON object is not
+/// ([`webhook::redact`], [`email::redact`], [`http::redact`]). A payload that is not a JSON object is not
 /// shown at all.
 pub fn redact_payload(channel: Channel, mut payload: serde_json::Value) -> serde_json::Value {
     let Some(fields) = payload.as_object_mut() else {
@@ -290,10 +313,25 @@ pub fn redact_payload(channel: Channel, mut payload: serde_json::Value) -> serde
     match channel {
         Channel::Webhook => webhook::redact::redact(fields),
         Channel::Email => email::redact::redact(fields),
-        // Until the channel owns its redaction: the endpoint's name and the method only.
-        Channel::Http => fields.retain(|k, _| k == "endpoint" || k == "method"),
+        Channel::Http => http::redact::redact(fields),
     }
     payload
+}
+
+/// The value a reconciliation's `found` pointer names in a kept body (a lookup's summary),
+/// when it names one that is not null, an empty array or an empty object (webhook and
+/// http lookups alike). A truncated body names nothing.
+pub(crate) fn found_value(summary: &serde_json::Value, pointer: &str) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    if summary.get("body_truncated") == Some(&Value::Bool(true)) {
+        return None;
+    }
+    match summary.get("body")?.pointer(pointer)? {
+        Value::Null => None,
+        Value::Array(a) if a.is_empty() => None,
+        Value::Object(o) if o.is_empty() => None,
+        v => Some(v.clone()),
+    }
 }
 
 /// A payload's `headers` as shown: the names kept, every value `[redacted]`.

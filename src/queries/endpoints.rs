@@ -1,5 +1,6 @@
-//! The operators' endpoint commands: set, list, remove. The rules are the SQL functions'
-//! (`outbox.set_endpoint`, `outbox.remove_endpoint`); these statements bind and read.
+//! Endpoints: the operators' commands (set, list, remove; the rules are the SQL functions'
+//! `outbox.set_endpoint` and `outbox.remove_endpoint`, these statements bind and read) and
+//! the worker's reading of the table.
 
 /// Creates or replaces an endpoint through `outbox.set_endpoint`: `$1` name, `$2` url,
 /// `$3` auth header, `$4` auth secret's NAME or NULL, `$5` idempotency header or NULL,
@@ -23,4 +24,14 @@ SELECT name, url, auth_header, auth_secret, idempotency_header,
        extract(epoch FROM key_ttl)::float8, headers, created_at, updated_at
 FROM outbox.endpoints
 ORDER BY name
+"#;
+
+/// Every endpoint, as the http channel reads it: `name, url, auth_header, auth_secret`
+/// (the NAME of a secret, never a value), `idempotency_header` (NULL: none), `key_ttl`
+/// in seconds (NULL: unknown), and `headers` (jsonb). Read at start and every few seconds,
+/// so a change is seen without a restart.
+pub const ENDPOINTS: &str = r#"
+SELECT name, url, auth_header, auth_secret, idempotency_header,
+       extract(epoch FROM key_ttl)::float8 AS key_ttl, headers
+FROM outbox.endpoints
 "#;

@@ -24,7 +24,9 @@
 /// attempts (the number of this attempt), max_attempts, retry_ambiguous, lease_token,
 /// error_class` (the class the previous attempt left, as the row holds it), `destination`
 /// and `lookup_destination` (where it goes and where its reconciliation lookup goes, named
-/// by the insert trigger; a lookup's destination is set exactly when the payload names one).
+/// by the insert trigger; a lookup's destination is set exactly when the payload names one),
+/// and `key_expires_at` (an http message's key window, `outbox.key_expires_at`: the one
+/// owner of that rule, asked for http rows only).
 ///
 /// Ordering keys: a due row with an `ordering_key` is a candidate only when no
 /// earlier (smaller id) row of its group is `pending` (due or not), `running`, `held` or
@@ -66,7 +68,10 @@ UPDATE outbox.messages m SET
 WHERE m.id = ANY(ARRAY(SELECT id FROM due))
 RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts,
           m.max_attempts, m.retry_ambiguous, m.lease_token, m.error_class, m.destination,
-          m.lookup_destination
+          m.lookup_destination,
+          CASE WHEN m.channel = 'http'
+               THEN outbox.key_expires_at(m.channel, m.payload, m.attempts, m.first_attempt_at)
+          END AS key_expires_at
 "#;
 
 /// Expired leases: up to `$2` `running` rows of the channels `$1` whose lease ran out, in

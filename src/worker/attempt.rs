@@ -160,6 +160,19 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Job, claimed_at: In
             return Done::deferred(msg.msg, DeferReason::Breaker, delay);
         }
     }
+    // An endpoint made or moved since the last reading of the table: read it again first,
+    // so the message is not refused for a name or a host this worker has not seen yet.
+    if msg.channel == Channel::Http
+        && shared
+            .deliverers
+            .http
+            .needs_refresh(&msg.payload, msg.destination.as_deref())
+    {
+        let table = shared.deliverers.http.endpoints();
+        if let Err(e) = super::endpoints::refresh(&shared.pools.general, table).await {
+            tracing::warn!(error = %e, "reading outbox.endpoints failed; will try again");
+        }
+    }
     let ready = tokio::select! {
         r = shared.deliverers.ready(msg.channel) => r,
         _ = shared.stopping.cancelled() => return Done::Released(msg.id, msg.lease_token),
@@ -179,7 +192,7 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Job, claimed_at: In
     // looks up first sends the lookup first, to the lookup's host (`reconcile.url` may name
     // another): that host admits it, and the request after it asks its own host again, in
     // the attempt (`Leave`, `WebhookSender::send`).
-    let looks_up = msg.channel == Channel::Webhook
+    let looks_up = matches!(msg.channel, Channel::Webhook | Channel::Http)
         && msg.reconcile
         && msg.previous_class == Some(ErrorClass::Ambiguous);
     let first = if looks_up {
@@ -221,6 +234,7 @@ async fn attempt(
     }
     let span = attempt_span(&msg);
     let started_at = SystemTime::now();
+    let key_window_closed = key_window_closed(&msg, started_at);
     let t0 = Instant::now();
     let attempted = ready
         .send(Outgoing {
@@ -232,6 +246,7 @@ async fn attempt(
             previous: msg.previous_class,
             last_attempt: msg.attempt >= msg.max_attempts,
             limits,
+            key_window_closed,
         })
         .instrument(span.clone())
         .await;
@@ -255,7 +270,8 @@ async fn attempt(
         // refuses now is `invalid`, not a question for a person).
         after_ambiguous: msg.previous_class == Some(ErrorClass::Ambiguous)
             && !attempted.lookup_said(Verdict::NotHappened),
-    };
+    }
+    .key_window(key_window_closed || key_window_closed_now(&msg));
     let jitter: f64 = rand::random();
     let reconciled = attempted.reconciled();
     let completion = match attempted.result {
@@ -296,6 +312,14 @@ async fn attempt(
                     )
                 }
                 // `decide` counted it as ambiguous: say why, since the error is not.
+                // Not sent blind once the provider may have forgotten the key.
+                Some(ErrorClass::Ambiguous) if !msg.reconcile && key_window_closed_now(&msg) => {
+                    format!(
+                        "{}; the provider's key window (the endpoint's key_ttl) has closed since \
+                         the first attempt, so it is not sent again blind",
+                        err.message
+                    )
+                }
                 Some(ErrorClass::Ambiguous) if err.class == ErrorClass::Invalid => format!(
                     "{}; nothing was sent, and an earlier attempt may have taken effect",
                     err.message
@@ -328,6 +352,17 @@ async fn attempt(
         duration,
     };
     Done::Completed(completion, log)
+}
+
+/// Whether the provider may have forgotten `msg`'s key at `now`: its key window, as the
+/// claim read it from `outbox.key_expires_at`, has closed.
+fn key_window_closed(msg: &Claimed, now: SystemTime) -> bool {
+    msg.key_expires_at.is_some_and(|closes| closes <= now)
+}
+
+/// [`key_window_closed`] now.
+fn key_window_closed_now(msg: &Claimed) -> bool {
+    key_window_closed(msg, SystemTime::now())
 }
 
 /// The attempt's trace span ([`crate::telemetry`]): the message, its key escaped as the logs
@@ -457,6 +492,7 @@ mod tests {
             reconcile: false,
             destination: None,
             lookup_destination: None,
+            key_expires_at: None,
         }
     }
 

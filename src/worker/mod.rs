@@ -27,8 +27,8 @@
 //! task), `completer` (batched writes and the attempt log), `wakeup` (LISTEN and the idle
 //! mark), `db_call` (bounded database calls, back-off), `pools` (which connections run
 //! which statements, and with what settings), `sweep` (expired leases, beside the loop),
-//! `alarms` (when deferred messages come due) and [`maintenance`] (retention, beside the
-//! loop).
+//! `alarms` (when deferred messages come due), `endpoints` (the http channel's table,
+//! read every few seconds) and [`maintenance`] (retention, beside the loop).
 //!
 //! Database errors anywhere are logged and retried with back-off; nothing is dropped.
 //! A completion that cannot be written before the process exits is not lost either: the
@@ -42,6 +42,7 @@ mod claim_loop;
 mod completer;
 mod db_call;
 mod destinations;
+mod endpoints;
 mod lane;
 pub mod maintenance;
 mod pace;
@@ -236,6 +237,18 @@ impl Worker {
                     watch_stop.clone(),
                 ))
             });
+        // The http channel's endpoints before the first claim, then every few seconds.
+        let endpoint_watch = cfg.channels.contains(&Channel::Http).then(|| {
+            let pool = shared.pools.general.clone();
+            let table = shared.deliverers.http.endpoints().clone();
+            let stop = watch_stop.clone();
+            tokio::spawn(async move {
+                if let Err(e) = endpoints::refresh(&pool, &table).await {
+                    tracing::warn!(error = %e, "reading outbox.endpoints failed; will try again");
+                }
+                endpoints::watch(pool, table, stop).await;
+            })
+        });
         // The breakers' view before the first claim, so that its rows meet the gate with
         // what other workers opened; later refreshes run beside the loop.
         shared
@@ -261,6 +274,9 @@ impl Worker {
         let _ = watch.await;
         if let Some(unserved) = unserved {
             let _ = unserved.await;
+        }
+        if let Some(endpoint_watch) = endpoint_watch {
+            let _ = endpoint_watch.await;
         }
         // Before the summary is read: a sweep in progress counts what it settled first,
         // unless it is still waiting for a busy pool after SWEEP_AT_STOP (its statement,

@@ -990,14 +990,17 @@ fn settings(
 fn channels_default_to_email_when_an_smtp_url_is_set() {
     let url = Some("smtp://mail.example.com");
     let (w, _, e) = settings(&[], url).unwrap();
-    assert_eq!(w.channels, [Channel::Webhook, Channel::Email]);
+    assert_eq!(
+        w.channels,
+        [Channel::Webhook, Channel::Http, Channel::Email]
+    );
     let e = e.expect("email settings");
     assert_eq!(e.timeout, Duration::from_secs(30));
     assert_eq!(e.message_id_domain.as_deref(), Some("mail.outbox.test"));
     assert_eq!(e.smtp.port, 587);
 
     let (w, _, e) = settings(&[], None).unwrap();
-    assert_eq!(w.channels, [Channel::Webhook]);
+    assert_eq!(w.channels, [Channel::Webhook, Channel::Http]);
     assert!(e.is_none(), "the worker starts without an SMTP URL");
 
     let (w, _, e) = settings(&["--channels", "email", "--smtp-timeout", "5s"], url).unwrap();

@@ -864,10 +864,10 @@ async fn a_worker_whose_lease_fits_no_attempt_refuses_to_run() {
         lease: Duration::from_secs(3),
         ..test_worker_config("short")
     };
-    let deliverers = outboxd::deliver::Deliverers {
-        webhook: outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
-        email: None,
-    };
+    let deliverers = outboxd::deliver::Deliverers::new(
+        outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
+        None,
+    );
     let worker = outboxd::worker::Worker::new(db.pool(2), cfg, deliverers, None);
     let err = worker.run(std::future::pending()).await.unwrap_err();
     assert!(

@@ -23,6 +23,7 @@ mod endpoints;
 mod enqueue;
 mod failover;
 mod hostile_sql;
+mod http_channel;
 mod leases;
 mod migrations;
 mod ops;

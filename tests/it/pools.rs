@@ -169,9 +169,11 @@ async fn an_applications_own_pool_keeps_its_prepared_statements() {
         assert!(still_cached(pool, query).await);
     }
 
-    let deliverers = || outboxd::deliver::Deliverers {
-        webhook: outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
-        email: None,
+    let deliverers = || {
+        outboxd::deliver::Deliverers::new(
+            outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
+            None,
+        )
     };
     let window = outboxd::worker::PLAN_REFRESH * 3;
     let embedded = outboxd::worker::Worker::new(

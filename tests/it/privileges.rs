@@ -182,10 +182,10 @@ async fn the_worker_role_runs_the_daemon_and_the_operator_commands() {
 
     let worker = outboxd::db::Database::from_config(worker.clone()).unwrap();
     let pool = outboxd::db::pool(&worker, 2).unwrap();
-    let deliverers = outboxd::deliver::Deliverers {
-        webhook: outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
-        email: None,
-    };
+    let deliverers = outboxd::deliver::Deliverers::new(
+        outboxd::deliver::webhook::WebhookSender::new(&test_webhook_config()).unwrap(),
+        None,
+    );
     let w = outboxd::worker::Worker::new(
         pool,
         test_worker_config("least"),

@@ -343,17 +343,17 @@ async fn terminated_database_connections_lose_nothing() {
     pg.application_name("outboxd-victim");
     let pg = outboxd::db::Database::from_config(pg).unwrap();
     let pool = outboxd::db::pool(&pg, 4).unwrap();
-    let deliverers = outboxd::deliver::Deliverers {
+    let deliverers = outboxd::deliver::Deliverers::new(
         // A timeout that fits in the short lease with the margin an attempt needs to start.
-        webhook: outboxd::deliver::webhook::WebhookSender::new(
+        outboxd::deliver::webhook::WebhookSender::new(
             &outboxd::deliver::webhook::settings::WebhookConfig {
                 timeout: Duration::from_millis(500),
                 ..test_webhook_config()
             },
         )
         .unwrap(),
-        email: None,
-    };
+        None,
+    );
     let cfg = outboxd::config::WorkerConfig {
         lease: Duration::from_secs(4),
         concurrency: 16,

@@ -617,6 +617,7 @@ fn debug_of_what_holds_secrets_shows_none() {
         email_message_id_domain: None,
         host_concurrency: 0,
         webhook_rate_limits: None,
+        endpoint_secrets: Vec::new(),
     };
     let keys = settings::SigningKeys::from_values(Some(&secret), &named).unwrap();
     let urls = UrlCache::default();
@@ -637,6 +638,7 @@ fn debug_of_what_holds_secrets_shows_none() {
         reconcile: false,
         destination: Some("hooks.example.com:8443".into()),
         lookup_destination: None,
+        key_expires_at: None,
     };
 
     let outgoing = outboxd::deliver::Outgoing {
@@ -648,6 +650,7 @@ fn debug_of_what_holds_secrets_shows_none() {
         previous: None,
         last_attempt: false,
         limits: None,
+        key_window_closed: false,
     };
     let email_text = json!({
         "from": "Shop <shop@example.com>",

@@ -10,9 +10,6 @@
 //! lookup first ([`reconcile`]), within the same timeout; with `store_response` the
 //! delivering response's body is kept in the summary ([`body`]), read within bounds.
 
-pub mod body;
-pub mod classify;
-pub mod client;
 pub mod destination;
 pub mod payload;
 pub mod reconcile;
@@ -25,12 +22,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use self::classify::{classify_error, parse_retry_after};
-use self::client::{HttpClient, Response};
 use self::payload::{Request, check, parse_payload_with};
 use self::settings::{SigningKeys, WebhookConfig};
 use self::signing::signatures;
 use self::urls::UrlCache;
+use super::body;
+use super::classify::{classify_error, parse_retry_after};
+use super::client::{HttpClient, Response};
 use super::guard::{Guard, GuardedResolver};
 use super::{Attempted, Delivered, DeliveryError, Outgoing};
 use crate::model::{ConfigError, ErrorClass};
@@ -46,20 +44,20 @@ const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature
 /// Sends webhooks through one shared HTTP client (keep-alive connection pools per host).
 #[derive(Debug, Clone)]
 pub struct WebhookSender {
-    client: HttpClient,
+    pub(in crate::deliver) client: HttpClient,
     guard: Guard,
     /// The client's resolver, also asked before a request whose reconcile URL names a host
     /// (see [`GuardedResolver::refuses`]).
     resolver: GuardedResolver,
     signing: std::sync::Arc<SigningKeys>,
-    timeout: Duration,
+    pub(in crate::deliver) timeout: Duration,
     /// Payload URLs parsed before, shared by every clone of the sender.
     urls: std::sync::Arc<UrlCache>,
 }
 
 /// The host of a URL, for error messages (never the path or query, which often carry
 /// tokens).
-fn host_of(url: &url::Url) -> String {
+pub(in crate::deliver) fn host_of(url: &url::Url) -> String {
     url.host_str().unwrap_or("?").to_owned()
 }
 
@@ -110,7 +108,7 @@ fn too_late(
 }
 
 /// The status, the provider's deduplication flag and its `Retry-After` (on 429 and 503).
-fn answer_headers(response: &Response) -> (u16, bool, Option<Duration>) {
+pub(in crate::deliver) fn answer_headers(response: &Response) -> (u16, bool, Option<Duration>) {
     let status = response.status().as_u16();
     let deduplicated = response
         .headers()
@@ -395,7 +393,11 @@ impl WebhookSender {
 
     /// A URL whose host is an IP literal never reaches the resolver: check it here.
     /// `field` names the URL in the error (empty for the request's own).
-    fn check_literal_host(&self, url: &url::Url, field: &str) -> Result<(), DeliveryError> {
+    pub(in crate::deliver) fn check_literal_host(
+        &self,
+        url: &url::Url,
+        field: &str,
+    ) -> Result<(), DeliveryError> {
         let ip = match url.host() {
             Some(url::Host::Ipv4(v4)) => std::net::IpAddr::V4(v4),
             Some(url::Host::Ipv6(v6)) => std::net::IpAddr::V6(v6),

@@ -100,6 +100,9 @@ pub struct Request {
     pub body: Vec<u8>,
     /// `reconcile.url`: where to ask, after an ambiguous attempt, whether it took effect.
     pub reconcile: Option<url::Url>,
+    /// `reconcile.found`: a JSON pointer that must name a value in the lookup's 2xx answer
+    /// for it to mean "it took effect".
+    pub found: Option<String>,
     /// `store_response`: keep the delivering response's body in the `response` summary.
     pub store_response: bool,
     /// `secret`: the name of the signing keys to use (upper-cased), None for the default.
@@ -122,6 +125,7 @@ impl std::fmt::Debug for Request {
                     .as_ref()
                     .map(|u| u.origin().ascii_serialization()),
             )
+            .field("found", &self.found)
             .field("store_response", &self.store_response)
             .field("secret", &self.secret)
             .finish()
@@ -157,16 +161,30 @@ fn parse_url(
     Ok(url)
 }
 
-/// `reconcile`: absent or null, or an object with a string `url` (other members are
-/// ignored, so a provider's lookup can grow settings later).
+/// `reconcile`: absent or null, or an object with a string `url` and optionally a `found`
+/// JSON pointer (other members are ignored, so a provider's lookup can grow settings
+/// later).
+#[allow(clippy::type_complexity)]
 fn parse_reconcile(
     value: Option<&serde_json::Value>,
     urls: Option<&UrlCache>,
-) -> Result<Option<url::Url>, DeliveryError> {
+) -> Result<Option<(url::Url, Option<String>)>, DeliveryError> {
     match value {
         None | Some(serde_json::Value::Null) => Ok(None),
         Some(serde_json::Value::Object(map)) => {
-            parse_url("payload.reconcile.url", map.get("url"), urls).map(Some)
+            let url = parse_url("payload.reconcile.url", map.get("url"), urls)?;
+            let found = match map.get("found") {
+                None | Some(serde_json::Value::Null) => None,
+                Some(serde_json::Value::String(s)) if s.is_empty() || s.starts_with('/') => {
+                    Some(s.clone())
+                }
+                Some(_) => {
+                    return Err(DeliveryError::invalid(
+                        "payload.reconcile.found must be a JSON pointer (\"/data/0\")",
+                    ));
+                }
+            };
+            Ok(Some((url, found)))
         }
         Some(_) => Err(DeliveryError::invalid(
             "payload.reconcile must be an object with a string url",
@@ -246,7 +264,10 @@ pub fn check(p: &Read, urls: Option<&UrlCache>) -> Result<Request, DeliveryError
             ));
         }
     }
-    let reconcile = parse_reconcile(p.reconcile.as_ref(), urls)?;
+    let (reconcile, found) = match parse_reconcile(p.reconcile.as_ref(), urls)? {
+        Some((url, found)) => (Some(url), found),
+        None => (None, None),
+    };
     let store_response = match &p.store_response {
         None | Some(serde_json::Value::Null) => false,
         Some(serde_json::Value::Bool(b)) => *b,
@@ -280,6 +301,7 @@ pub fn check(p: &Read, urls: Option<&UrlCache>) -> Result<Request, DeliveryError
         headers,
         body,
         reconcile,
+        found,
         store_response,
         secret,
     })

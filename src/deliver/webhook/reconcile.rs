@@ -11,8 +11,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::classify::classify_error;
-use super::{Prepared, WebhookSender, body, host_of};
+use super::{Prepared, WebhookSender, host_of};
+use crate::deliver::body;
+use crate::deliver::classify::classify_error;
 use crate::deliver::{Delivered, DeliveryError};
 use crate::model::ErrorClass;
 
@@ -119,12 +120,25 @@ impl WebhookSender {
         let (verdict, status, result) = match sent {
             Ok(mut r) => {
                 let (status, _, retry_after) = super::answer_headers(&r);
-                let verdict = Verdict::of_status(status);
+                let mut verdict = Verdict::of_status(status);
+                let mut delivered = None;
+                if verdict == Verdict::Happened {
+                    let d = self
+                        .found(
+                            &mut r,
+                            p.req.store_response,
+                            p.req.found.as_deref(),
+                            deadline,
+                        )
+                        .await;
+                    match d {
+                        Some(d) => delivered = Some(d),
+                        None => verdict = Verdict::NotHappened,
+                    }
+                }
                 let result = match verdict.next() {
                     Next::Send => None,
-                    Next::Delivered => {
-                        Some(Ok(self.found(&mut r, p.req.store_response, deadline).await))
-                    }
+                    Next::Delivered => delivered.map(Ok),
                     Next::Fail(class) => Some(Err(DeliveryError {
                         status: Some(i32::from(status)),
                         retry_after,
@@ -159,27 +173,44 @@ impl WebhookSender {
 
     /// The delivered result of a lookup that found the operation: its summary says
     /// `reconciled`, and with `store_response` it keeps the lookup's body (the provider's
-    /// record of the operation is the result there is to keep).
+    /// record of the operation is the result there is to keep). With a `found` pointer the
+    /// 2xx counts only when the pointer names a value (not null, an empty array or an
+    /// empty object), and that value is what is kept; `None` when it names none: the
+    /// operation was not found.
     async fn found(
         &self,
-        response: &mut super::client::Response,
+        response: &mut crate::deliver::client::Response,
         store: bool,
+        found: Option<&str>,
         deadline: tokio::time::Instant,
-    ) -> Delivered {
+    ) -> Option<Delivered> {
         let (status, deduplicated, _) = super::answer_headers(response);
         let mut summary = serde_json::json!({
             "status": status,
             "replayed": deduplicated,
             "reconciled": true,
         });
-        if store {
+        if store || found.is_some() {
             body::keep(response, &mut summary, deadline).await;
         }
-        Delivered {
+        if let Some(pointer) = found {
+            let value = crate::deliver::found_value(&summary, pointer)?;
+            if let Some(map) = summary.as_object_mut() {
+                map.insert("body".into(), value);
+            }
+        }
+        if !store {
+            if let Some(map) = summary.as_object_mut() {
+                for k in ["body", "body_truncated", "content_type"] {
+                    map.remove(k);
+                }
+            }
+        }
+        Some(Delivered {
             status: Some(i32::from(status)),
             deduplicated,
             response: summary,
-        }
+        })
     }
 }
 

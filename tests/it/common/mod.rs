@@ -436,10 +436,20 @@ impl RunningWorker {
         webhook: WebhookConfig,
         email: Option<EmailConfig>,
     ) -> RunningWorker {
-        let deliverers = Deliverers {
-            webhook: WebhookSender::new(&webhook).expect("webhook sender"),
-            email: email.map(|e| EmailSender::new(&e).expect("email sender")),
-        };
+        let deliverers = Deliverers::new(
+            WebhookSender::new(&webhook).expect("webhook sender"),
+            email.map(|e| EmailSender::new(&e).expect("email sender")),
+        );
+        RunningWorker::start_with_deliverers(db, pools, cfg, deliverers)
+    }
+
+    /// Starts a worker on `db` with channels built by the caller (an http test's secrets).
+    pub fn start_with_deliverers(
+        db: &TestDb,
+        pools: outboxd::worker::Pools,
+        cfg: WorkerConfig,
+        deliverers: Deliverers,
+    ) -> RunningWorker {
         let worker = Worker::new(pools, cfg, deliverers, Some(db.database()));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let handle = tokio::spawn(async move {

@@ -38,7 +38,7 @@ async fn chunk(response: &mut Response, deadline: Instant) -> Result<Option<Byte
 
 /// Reads (and drops) up to [`MAX_BODY`] bytes so the connection can be reused. A failure
 /// here does not change the outcome: the status line has answered.
-pub(super) async fn drain(response: &mut Response, deadline: Instant) {
+pub(in crate::deliver) async fn drain(response: &mut Response, deadline: Instant) {
     let mut read = 0usize;
     while read < MAX_BODY {
         match chunk(response, deadline).await {
@@ -58,7 +58,11 @@ pub(super) async fn drain(response: &mut Response, deadline: Instant) {
 /// the outcome as it is: the status line was 2xx, so the provider accepted the request and
 /// the message is delivered; sending it again because the receipt was cut would make a
 /// duplicate. What arrived is kept, as text, with `body_truncated = true`.
-pub(super) async fn keep(response: &mut Response, summary: &mut Value, deadline: Instant) {
+pub(in crate::deliver) async fn keep(
+    response: &mut Response,
+    summary: &mut Value,
+    deadline: Instant,
+) {
     let content_type = response
         .headers()
         .get(CONTENT_TYPE)

@@ -31,7 +31,11 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 ///   `ambiguous`. hyper does not tell us reliably whether the last byte of the request
 ///   left, and calling a sent request "transient" would send it twice without the
 ///   message's consent; when in doubt, ambiguous.
-pub(super) fn classify_error(err: SendError, host: &str, timeout: Duration) -> DeliveryError {
+pub(in crate::deliver) fn classify_error(
+    err: SendError,
+    host: &str,
+    timeout: Duration,
+) -> DeliveryError {
     let client = match err {
         SendError::Build(why) => {
             return DeliveryError::invalid(format!("cannot build the request to {host}: {why}"));
