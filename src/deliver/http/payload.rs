@@ -404,7 +404,7 @@ mod tests {
                 "reconcile.found",
             ),
             (
-                r#"{"endpoint": "e", "path": "/x", "reconcile": {}}"#,
+                r#"{"endpoint": "e", "path": "/x", "reconcile": {"path": 5}}"#,
                 "reconcile.path",
             ),
             (
