@@ -698,23 +698,15 @@ BEGIN
 END
 $_$;
 
--- A query: an object whose values are strings, numbers or booleans (the worker encodes
--- them; `{key}` in a value is the message key).
+-- A query: an object of names and values, encoded as `form` is (nested objects and arrays
+-- in bracket notation, `expand[0]=x`; null left out; `{key}` in a value is the message key).
 CREATE FUNCTION outbox.http_query_problem(query jsonb, field text) RETURNS text[]
     LANGUAGE plpgsql IMMUTABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE
-    v_bad text;
 BEGIN
     IF jsonb_typeof(query) IS DISTINCT FROM 'object' THEN
         RETURN ARRAY[field, field || ' must be an object of names and values'];
-    END IF;
-    SELECT q.key INTO v_bad FROM jsonb_each(query) q
-    WHERE jsonb_typeof(q.value) NOT IN ('string', 'number', 'boolean')
-    LIMIT 1;
-    IF v_bad IS NOT NULL THEN
-        RETURN ARRAY[field, format('%s.%s must be a string, a number or a boolean', field, left(v_bad, 64))];
     END IF;
     RETURN NULL;
 END
