@@ -138,7 +138,9 @@ def test_a_refusal_failed_and_another_payload_conflicts(
 
 def test_outcome_of_each_state() -> None:
     now = datetime.now(timezone.utc)
-    base = outboxd.MessageStatus(1, "pending", 0, 3, None, None, None, now, now, None, None, None)
+    base = outboxd.MessageStatus(
+        1, "pending", 0, 3, None, None, None, now, now, None, None, None, None
+    )
 
     def kind(state: Any, error_class: Any = None) -> str:
         return outcome_of(dataclasses.replace(base, state=state, error_class=error_class)).kind
