@@ -1,4 +1,4 @@
-//! outboxd: a transactional outbox for e-mails and webhooks on PostgreSQL.
+//! outboxd: a transactional outbox for webhooks, provider API calls and e-mails on PostgreSQL.
 //!
 //! Applications write *intent rows* into `outbox.messages` in the same transaction as their
 //! business state ([`enqueue()`], or `outbox.enqueue(...)` from SQL). A worker ([`worker`])
@@ -10,8 +10,9 @@
 //! # Public API
 //!
 //! Applications use the crate root: [`enqueue()`], [`enqueue_many`], [`NewMessage`],
-//! [`lookup()`] (what became of a key, before acting again) and the vocabulary in [`model`]. [`migrate`], [`worker`], [`config`] and [`deliver`] serve a
-//! service that runs the worker in-process. The modules hidden from these docs are public
+//! [`lookup()`] (what became of a key, before acting again) and the vocabulary in [`model`];
+//! with `default-features = false` the package builds only those. [`migrate`], [`worker`],
+//! [`config`] and [`deliver`] serve a service that runs the worker in-process. The modules hidden from these docs are public
 //! only for the integration tests and carry no compatibility promise.
 //!
 //! # Layout
@@ -23,13 +24,15 @@
 //! * [`queries`]: every runtime SQL statement, each with its contract, one room per user
 //!   (connection, lease, enqueue, migrate, status, ops, breakers).
 //! * [`claim`]: the lease: claiming due rows, completing attempts fenced by the lease token,
-//!   releasing unstarted rows. A claimed webhook is routed by its channel
-//!   ([`deliver::webhook::destination`]).
+//!   releasing unstarted rows. A claimed row carries the destination the insert trigger
+//!   named; the worker only checks it ([`deliver::webhook::destination`]).
 //! * [`state`]: the state machine: states, outcomes and the one function ([`state::decide`])
 //!   that maps an attempt's result to the next state.
 //! * [`retry`]: error classes and the retry schedule.
 //! * [`deliver`]: the channels, each owning its settings; [`deliver::webhook`] sends HTTP
-//!   requests (payload, signing, error classification), [`deliver::guard`] keeps them off
+//!   requests (payload, signing, error classification), [`deliver::http`] calls providers'
+//!   APIs through named endpoints with the credentials the worker holds, [`deliver::guard`]
+//!   keeps both off
 //!   private networks, [`deliver::email`] sends e-mails through an SMTP relay (payload,
 //!   MIME, the SMTP session by phase, reply classification, the connection pool).
 //! * [`worker`]: the loop: claim, deliver with bounded concurrency, complete in batches.
