@@ -30,10 +30,9 @@ use self::settings::EndpointSecrets;
 use super::body;
 use super::classify::classify_error;
 use super::webhook::reconcile::{Lookup, Verdict};
-use super::webhook::{WebhookSender, answer_headers, host_of};
+use super::webhook::{WebhookSender, answer_headers, answered, host_of};
 use super::{Attempted, Delivered, DeliveryError, Outgoing};
 use crate::model::ErrorClass;
-use crate::retry::classify_http_status;
 
 /// Headers the worker sets itself or that belong to the request's framing; with the
 /// endpoint's auth and idempotency headers, a payload may not give them.
@@ -288,33 +287,11 @@ impl HttpSender {
             .client
             .send(p.call.method.clone(), &p.url, headers, body, deadline)
             .await;
-        let mut response = match sent {
+        let response = match sent {
             Ok(r) => r,
             Err(e) => return Err(classify_error(e, &host, self.transport.timeout)),
         };
-        let (status, deduplicated, retry_after) = answer_headers(&response);
-        let mut summary = serde_json::json!({ "status": status, "replayed": deduplicated });
-        let class = classify_http_status(status);
-        if p.call.store_response && class.is_none() {
-            body::keep(&mut response, &mut summary, deadline).await;
-        } else {
-            body::drain(&mut response, deadline).await;
-        }
-        match class {
-            None => Ok(Delivered {
-                status: Some(i32::from(status)),
-                deduplicated,
-                response: summary,
-            }),
-            Some(class) => Err(DeliveryError {
-                class,
-                status: Some(i32::from(status)),
-                retry_after,
-                response: Some(summary),
-                message: format!("HTTP {status} from {host}"),
-                source: None,
-            }),
-        }
+        answered(response, &host, p.call.store_response, deadline).await
     }
 
     /// Asks the endpoint whether the earlier attempt took effect: a GET to the lookup's

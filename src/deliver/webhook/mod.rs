@@ -127,6 +127,40 @@ pub(in crate::deliver) fn answer_headers(response: &Response) -> (u16, bool, Opt
     (status, deduplicated, retry_after)
 }
 
+/// A request's answer as an attempt's result: its status classed, the provider's
+/// deduplication flag and `Retry-After` read, and its body kept (`store`, on success) or
+/// drained, within `deadline`. Both HTTP channels end their request here.
+pub(in crate::deliver) async fn answered(
+    mut response: Response,
+    host: &str,
+    store: bool,
+    deadline: tokio::time::Instant,
+) -> Result<Delivered, DeliveryError> {
+    let (status, deduplicated, retry_after) = answer_headers(&response);
+    let mut summary = serde_json::json!({ "status": status, "replayed": deduplicated });
+    let class = classify_http_status(status);
+    if store && class.is_none() {
+        body::keep(&mut response, &mut summary, deadline).await;
+    } else {
+        body::drain(&mut response, deadline).await;
+    }
+    match class {
+        None => Ok(Delivered {
+            status: Some(i32::from(status)),
+            deduplicated,
+            response: summary,
+        }),
+        Some(class) => Err(DeliveryError {
+            class,
+            status: Some(i32::from(status)),
+            retry_after,
+            response: Some(summary),
+            message: format!("HTTP {status} from {host}"),
+            source: None,
+        }),
+    }
+}
+
 impl WebhookSender {
     /// Builds the shared client.
     pub fn new(cfg: &WebhookConfig) -> Result<Self, ConfigError> {
@@ -362,33 +396,11 @@ impl WebhookSender {
             .client
             .send(p.req.method.clone(), &p.req.url, headers, body, deadline)
             .await;
-        let mut response = match result {
+        let response = match result {
             Ok(r) => r,
             Err(e) => return Err(classify_error(e, &host, self.timeout)),
         };
-        let (status, deduplicated, retry_after) = answer_headers(&response);
-        let mut summary = serde_json::json!({ "status": status, "replayed": deduplicated });
-        let class = classify_http_status(status);
-        if store && class.is_none() {
-            body::keep(&mut response, &mut summary, deadline).await;
-        } else {
-            body::drain(&mut response, deadline).await;
-        }
-        match class {
-            None => Ok(Delivered {
-                status: Some(i32::from(status)),
-                deduplicated,
-                response: summary,
-            }),
-            Some(class) => Err(DeliveryError {
-                class,
-                status: Some(i32::from(status)),
-                retry_after,
-                response: Some(summary),
-                message: format!("HTTP {status} from {host}"),
-                source: None,
-            }),
-        }
+        answered(response, &host, store, deadline).await
     }
 
     /// A URL whose host is an IP literal never reaches the resolver: check it here.
