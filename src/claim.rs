@@ -20,7 +20,10 @@ use crate::model::Channel;
 use crate::model::ErrorClass;
 use crate::queries;
 use crate::retry::RetryPolicy;
-use crate::state::{Budget, Ended, Transition, decide};
+use crate::state::{Budget, Ended, KEY_WINDOW_CLOSED, Transition, decide};
+
+/// The error a settled expired lease records: nothing is known of the attempt's outcome.
+const LEASE_EXPIRED: &str = "lease expired while running: the attempt may have taken effect";
 
 /// A message claimed by this worker for one attempt.
 #[derive(Clone)]
@@ -224,14 +227,17 @@ pub async fn settle_expired<C: GenericClient>(
     let mut delays = Vec::with_capacity(n);
     let mut owners: Vec<Option<String>> = Vec::with_capacity(n);
     let mut started: Vec<SystemTime> = Vec::with_capacity(n);
+    let mut errors: Vec<String> = Vec::with_capacity(n);
     for row in &expired {
+        let key_window_closed: bool = row.get("key_window_closed");
         let budget = Budget {
             attempt: row.get("attempts"),
             max_attempts: row.get("max_attempts"),
             retry_ambiguous: row.get("retry_ambiguous"),
             reconcile: row.get("reconcile"),
             after_ambiguous: false,
-        };
+        }
+        .key_window(key_window_closed);
         let t = decide(
             Ended::Failed(ErrorClass::Ambiguous),
             budget,
@@ -248,14 +254,22 @@ pub async fn settle_expired<C: GenericClient>(
         });
         owners.push(row.get("lease_owner"));
         started.push(row.get("started"));
+        errors.push(
+            if key_window_closed && !budget.reconcile && matches!(t, Transition::Dead { .. }) {
+                format!("{LEASE_EXPIRED}; {KEY_WINDOW_CLOSED}")
+            } else {
+                LEASE_EXPIRED.to_owned()
+            },
+        );
     }
-    let params: [(&(dyn ToSql + Sync), Type); 6] = [
+    let params: [(&(dyn ToSql + Sync), Type); 7] = [
         (&ids, Type::INT8_ARRAY),
         (&tokens, Type::UUID_ARRAY),
         (&states, Type::TEXT_ARRAY),
         (&delays, Type::FLOAT8_ARRAY),
         (&owners, Type::TEXT_ARRAY),
         (&started, Type::TIMESTAMPTZ_ARRAY),
+        (&errors, Type::TEXT_ARRAY),
     ];
     let rows = client.query_typed(queries::SETTLE_EXPIRED, &params).await?;
     let mut settled = Settled::default();

@@ -164,6 +164,11 @@ pub struct Budget {
     pub after_ambiguous: bool,
 }
 
+/// Why a message whose provider may have forgotten its key is not sent again: the end of
+/// its error when [`Budget::key_window`] withdrew the consent to resend.
+pub const KEY_WINDOW_CLOSED: &str = "the provider's key window (the endpoint's key_ttl) has \
+     closed since the first attempt, so it is not sent again blind";
+
 impl Budget {
     /// The budget of a message whose provider may have forgotten its key (an endpoint's
     /// `key_ttl` has passed since the first attempt, `closed`): the same key no longer

@@ -86,11 +86,15 @@ RETURNING m.id, m.message_key, m.channel, m.payload::text AS payload, m.attempts
 ///
 /// Returns `id, message_key, channel, attempts (the attempt whose lease expired),
 /// max_attempts, retry_ambiguous, reconcile (the payload names a lookup), lease_token,
-/// lease_owner, started (the claim's time)`.
+/// lease_owner, started (the claim's time), key_window_closed` (an `http` message whose
+/// provider may have forgotten its key by now: `outbox.key_expires_at` has passed).
 pub const EXPIRED_LEASES: &str = r#"
 SELECT id, message_key, channel, attempts, max_attempts, retry_ambiguous,
        lookup_destination IS NOT NULL AS reconcile, lease_token, lease_owner,
-       updated_at AS started
+       updated_at AS started,
+       coalesce(channel = 'http'
+                AND outbox.key_expires_at(channel, payload, attempts, first_attempt_at) <= now(),
+                false) AS key_window_closed
 FROM outbox.messages
 WHERE state = 'running' AND lease_expires_at <= now() AND channel = ANY($1::text[])
 ORDER BY run_after, id
@@ -100,7 +104,8 @@ LIMIT $2
 /// Settle expired leases as `state::decide` settled them: parallel arrays, one element per
 /// row of [`EXPIRED_LEASES`]: `$1` ids, `$2` lease tokens, `$3` the next state (`dead` or
 /// `pending`), `$4` the retry delay in seconds (for `pending`: due that long after the lease
-/// ran out), `$5` the lease owners and `$6` the claims' times (for the history).
+/// ran out), `$5` the lease owners, `$6` the claims' times (for the history) and `$7` the
+/// error each row records (`last_error` and the history's).
 ///
 /// Each row is changed only if it still holds that lease token and is still `running` with
 /// its lease expired; its history gets the attempt, outcome `dead` or `lease_lost`, class
@@ -109,8 +114,8 @@ LIMIT $2
 pub const SETTLE_EXPIRED: &str = r#"
 WITH i AS (
     SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[],
-                         $5::text[], $6::timestamptz[])
-        AS i(id, token, state, delay, owner, started)
+                         $5::text[], $6::timestamptz[], $7::text[])
+        AS i(id, token, state, delay, owner, started, error)
 ), settled AS (
     UPDATE outbox.messages m SET
         state = i.state, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
@@ -118,21 +123,21 @@ WITH i AS (
                          THEN m.lease_expires_at + make_interval(secs => i.delay)
                          ELSE m.run_after END,
         error_class = 'ambiguous',
-        last_error = 'lease expired while running: the attempt may have taken effect',
+        last_error = i.error,
         dead_at = CASE WHEN i.state = 'dead' THEN now() END,
         updated_at = now()
     FROM i
     WHERE m.id = i.id AND m.lease_token = i.token AND m.state = 'running'
       AND m.lease_expires_at <= now()
     RETURNING m.id, m.message_key, m.channel, m.attempts, m.max_attempts, i.state,
-              i.owner, i.started,
+              i.owner, i.started, i.error,
               greatest(extract(epoch FROM m.run_after - now()), 0)::float8 AS retry_in
 ), lost AS (
     INSERT INTO outbox.attempts
         (message_id, attempt, worker, started_at, finished_at, outcome, error_class, error)
     SELECT id, attempts, owner, started, now(),
            CASE state WHEN 'dead' THEN 'dead' ELSE 'lease_lost' END,
-           'ambiguous', 'lease expired while running: the attempt may have taken effect'
+           'ambiguous', error
     FROM settled
 )
 SELECT id, message_key, channel, attempts, max_attempts, state, retry_in FROM settled

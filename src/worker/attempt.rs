@@ -16,9 +16,9 @@ use super::Shared;
 use super::destinations::{Admission, Leave};
 use super::lane::{InLane, Lane};
 use crate::claim::{Claimed, Completion};
+use crate::deliver::reconcile::{Lookup, Verdict};
 use crate::deliver::webhook::destination::READ_ONCE_MAX;
 use crate::deliver::webhook::payload::Read;
-use crate::deliver::webhook::reconcile::{Lookup, Verdict};
 use crate::deliver::{Outgoing, Ready, RequestLimits};
 use crate::model::{Channel, ErrorClass};
 use crate::state::{Budget, DeferReason, Deferral, Ended, decide};
@@ -314,11 +314,7 @@ async fn attempt(
                 // `decide` counted it as ambiguous: say why, since the error is not.
                 // Not sent blind once the provider may have forgotten the key.
                 Some(ErrorClass::Ambiguous) if !msg.reconcile && key_window_closed_now(&msg) => {
-                    format!(
-                        "{}; the provider's key window (the endpoint's key_ttl) has closed since \
-                         the first attempt, so it is not sent again blind",
-                        err.message
-                    )
+                    format!("{}; {}", err.message, crate::state::KEY_WINDOW_CLOSED)
                 }
                 Some(ErrorClass::Ambiguous) if err.class == ErrorClass::Invalid => format!(
                     "{}; nothing was sent, and an earlier attempt may have taken effect",

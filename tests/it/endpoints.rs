@@ -1557,3 +1557,82 @@ async fn the_app_role_enqueues_http_without_reading_endpoints() {
         .unwrap_err();
     assert_eq!(refusal(&err).0, "55000");
 }
+
+/// A lease that expires after the provider's key window closed is settled as the next
+/// attempt would have ended: without a lookup, `dead` ambiguous at once, its error naming
+/// the window (no round through `pending` and a claim that could only refuse to send);
+/// with a lookup, or inside the window, `pending` for the next attempt as before.
+#[tokio::test]
+async fn the_lease_sweep_applies_the_key_window() {
+    use outboxd::claim;
+    use outboxd::model::Channel;
+    use std::time::Duration;
+
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    set_endpoint(&c, "'pay', 'https://api.pay.example', key_ttl => '1 hour'")
+        .await
+        .unwrap();
+    let plain = json!({"endpoint": "pay", "path": "/v1/charges"});
+    let looked = json!({"endpoint": "pay", "path": "/v1/charges",
+                        "reconcile": {"path": "/v1/charges/search"}});
+    for (key, payload) in [("lapsed", &plain), ("looked", &looked), ("fresh", &plain)] {
+        enqueue_http(&c, key, payload.clone()).await.unwrap();
+    }
+    let claimed = claim::claim(&c, &[Channel::Http], 10, "w", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 3);
+    // The worker stalls past its lease; for two of them the first attempt began two hours
+    // ago, past the endpoint's one-hour key window.
+    c.execute(
+        "UPDATE outbox.messages SET lease_expires_at = now() - interval '1 second',
+             first_attempt_at = CASE WHEN message_key = 'fresh' THEN first_attempt_at
+                                     ELSE now() - interval '2 hours' END",
+        &[],
+    )
+    .await
+    .unwrap();
+    let policy = outboxd::retry::RetryPolicy {
+        base: Duration::ZERO,
+        max: Duration::ZERO,
+    };
+    let settled = claim::settle_expired(&c, &[Channel::Http], 10, &policy)
+        .await
+        .unwrap();
+    assert_eq!((settled.gave_up.len(), settled.deferred.len()), (1, 2));
+
+    let rows = c
+        .query(
+            "SELECT m.message_key, m.state, m.error_class, m.last_error, a.outcome, a.error
+             FROM outbox.messages m JOIN outbox.attempts a ON a.message_id = m.id
+             ORDER BY m.message_key",
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(String, String, String, String, String, String)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+        .collect();
+    let expired = "lease expired while running: the attempt may have taken effect";
+    let lapsed = format!("{expired}; {}", outboxd::state::KEY_WINDOW_CLOSED);
+    let want = |key: &str, state: &str, outcome: &str, error: &str| {
+        (
+            key.to_owned(),
+            state.to_owned(),
+            "ambiguous".to_owned(),
+            error.to_owned(),
+            outcome.to_owned(),
+            error.to_owned(),
+        )
+    };
+    assert_eq!(
+        got,
+        vec![
+            want("fresh", "pending", "lease_lost", expired),
+            want("lapsed", "dead", "dead", &lapsed),
+            want("looked", "pending", "lease_lost", expired),
+        ]
+    );
+}
