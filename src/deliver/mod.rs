@@ -11,6 +11,7 @@ pub mod client;
 pub mod email;
 pub mod guard;
 pub mod http;
+pub mod reconcile;
 pub mod webhook;
 
 use crate::model::Channel;
@@ -35,11 +36,11 @@ pub struct Delivered {
 #[derive(Debug)]
 pub struct Attempted {
     /// Delivered (by the request, or by a lookup that found the earlier attempt had taken
-    /// effect: then `lookup` says [`Verdict::Happened`](webhook::reconcile::Verdict)), or
+    /// effect: then `lookup` says [`Verdict::Happened`](reconcile::Verdict)), or
     /// why not.
     pub result: Result<Delivered, DeliveryError>,
     /// The lookup, when one was made.
-    pub lookup: Option<webhook::reconcile::Lookup>,
+    pub lookup: Option<reconcile::Lookup>,
     /// The request itself was made (or tried): `result` is the destination's answer. Not
     /// when a lookup settled the attempt, when too little time was left after one, or when
     /// nothing could be sent at all ([`Attempted::unsent`]).
@@ -49,7 +50,7 @@ pub struct Attempted {
 impl Attempted {
     /// Did a lookup settle the attempt as delivered (the request was not sent)?
     pub fn reconciled(&self) -> bool {
-        self.result.is_ok() && self.lookup_said(webhook::reconcile::Verdict::Happened)
+        self.result.is_ok() && self.lookup_said(reconcile::Verdict::Happened)
     }
 
     /// An attempt that asked no one: refused before any request or lookup was made (an
@@ -63,7 +64,7 @@ impl Attempted {
     }
 
     /// Did this attempt's lookup answer `verdict`?
-    pub fn lookup_said(&self, verdict: webhook::reconcile::Verdict) -> bool {
+    pub fn lookup_said(&self, verdict: reconcile::Verdict) -> bool {
         self.lookup.as_ref().is_some_and(|l| l.verdict == verdict)
     }
 }
@@ -316,22 +317,6 @@ pub fn redact_payload(channel: Channel, mut payload: serde_json::Value) -> serde
         Channel::Http => http::redact::redact(fields),
     }
     payload
-}
-
-/// The value a reconciliation's `found` pointer names in a kept body (a lookup's summary),
-/// when it names one that is not null, an empty array or an empty object (webhook and
-/// http lookups alike). A truncated body names nothing.
-pub(crate) fn found_value(summary: &serde_json::Value, pointer: &str) -> Option<serde_json::Value> {
-    use serde_json::Value;
-    if summary.get("body_truncated") == Some(&Value::Bool(true)) {
-        return None;
-    }
-    match summary.get("body")?.pointer(pointer)? {
-        Value::Null => None,
-        Value::Array(a) if a.is_empty() => None,
-        Value::Object(o) if o.is_empty() => None,
-        v => Some(v.clone()),
-    }
 }
 
 /// A payload's `headers` as shown: the names kept, every value `[redacted]`.

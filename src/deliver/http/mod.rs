@@ -27,10 +27,9 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use self::endpoint::{Endpoint, Endpoints, Known};
 use self::payload::{Body, Call};
 use self::settings::EndpointSecrets;
-use super::body;
 use super::classify::classify_error;
-use super::webhook::reconcile::{Lookup, Verdict};
-use super::webhook::{WebhookSender, answer_headers, answered, host_of};
+use super::reconcile::{self, Lookup};
+use super::webhook::{WebhookSender, answered, host_of};
 use super::{Attempted, Delivered, DeliveryError, Outgoing};
 use crate::model::ErrorClass;
 
@@ -296,8 +295,8 @@ impl HttpSender {
 
     /// Asks the endpoint whether the earlier attempt took effect: a GET to the lookup's
     /// path and query (`{key}` replaced by the message key, percent-encoded where it
-    /// lands), with the attempt's headers. Returns the lookup and, unless the request is
-    /// to be sent now, the attempt's result.
+    /// lands), with the attempt's headers ([`reconcile::ask`]). Returns the lookup and,
+    /// unless the request is to be sent now, the attempt's result.
     async fn reconcile(
         &self,
         p: &Prepared,
@@ -305,91 +304,20 @@ impl HttpSender {
         msg: Outgoing<'_>,
         deadline: Instant,
     ) -> (Lookup, Option<Result<Delivered, DeliveryError>>) {
-        let t0 = Instant::now();
-        let host = host_of(&p.url);
-        let done = |verdict, status, result| {
-            (
-                Lookup {
-                    verdict,
-                    status,
-                    host: host.clone(),
-                    duration: t0.elapsed(),
-                },
-                result,
-            )
-        };
         let url = match self.lookup_url(p, r, msg) {
             Ok(u) => u,
-            Err(e) => return done(Verdict::Refused, None, Some(Err(e))),
+            Err(e) => return reconcile::refused(host_of(&p.url), e),
         };
-        let deadline = tokio::time::Instant::from_std(deadline);
-        let sent = self
-            .transport
-            .client
-            .send(
-                hyper::Method::GET,
-                &url,
-                p.headers.clone(),
-                bytes::Bytes::new(),
-                deadline,
-            )
-            .await;
-        let mut response = match sent {
-            Ok(r) => r,
-            Err(e) => {
-                let err = classify_error(e, &host, self.transport.timeout);
-                let verdict = Verdict::of_failure(err.class);
-                let class = match verdict {
-                    Verdict::Refused => ErrorClass::Invalid,
-                    _ => ErrorClass::Ambiguous,
-                };
-                return done(verdict, None, Some(Err(lookup_failed(class, &err.message))));
-            }
-        };
-        let (status, deduplicated, retry_after) = answer_headers(&response);
-        let mut verdict = Verdict::of_status(status);
-        let mut summary = serde_json::json!({
-            "status": status,
-            "replayed": deduplicated,
-            "reconciled": true,
-        });
-        if verdict == Verdict::Happened && (p.call.store_response || r.found.is_some()) {
-            body::keep(&mut response, &mut summary, deadline).await;
-            if let Some(pointer) = &r.found {
-                let named = super::found_value(&summary, pointer);
-                match named {
-                    Some(v) => {
-                        if let Some(map) = summary.as_object_mut() {
-                            map.insert("body".into(), v);
-                        }
-                    }
-                    None => verdict = Verdict::NotHappened,
-                }
-            }
-            if !p.call.store_response {
-                if let Some(map) = summary.as_object_mut() {
-                    map.remove("body");
-                    map.remove("body_truncated");
-                    map.remove("content_type");
-                }
-            }
-        } else {
-            body::drain(&mut response, deadline).await;
-        }
-        let result = match verdict {
-            Verdict::Happened => Some(Ok(Delivered {
-                status: Some(i32::from(status)),
-                deduplicated,
-                response: summary,
-            })),
-            Verdict::NotHappened => None,
-            Verdict::Unknown | Verdict::Refused => Some(Err(DeliveryError {
-                status: Some(i32::from(status)),
-                retry_after,
-                ..lookup_failed(ErrorClass::Ambiguous, &format!("HTTP {status} from {host}"))
-            })),
-        };
-        done(verdict, Some(status), result)
+        reconcile::ask(
+            &self.transport.client,
+            self.transport.timeout,
+            &url,
+            p.headers.clone(),
+            p.call.store_response,
+            r.found.as_deref(),
+            tokio::time::Instant::from_std(deadline),
+        )
+        .await
     }
 
     /// The lookup's URL: its path and query with `{key}` replaced, held to the endpoint
@@ -420,36 +348,5 @@ impl HttpSender {
             "payload.reconcile.path",
         )?;
         Ok(url)
-    }
-}
-
-/// The failure of an attempt whose lookup did not settle it; `what` is one safe line.
-fn lookup_failed(class: ErrorClass, what: &str) -> DeliveryError {
-    let message = match class {
-        ErrorClass::Invalid => format!("reconciliation lookup refused: {what}"),
-        _ => format!(
-            "reconciliation lookup failed ({what}): the earlier attempt may have taken effect"
-        ),
-    };
-    DeliveryError::new(class, message)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::found_value as found;
-
-    #[test]
-    fn found_names_a_value_or_nothing() {
-        let s = |body: serde_json::Value| serde_json::json!({"status": 200, "body": body});
-        let page = s(serde_json::json!({"data": [{"id": "ch_1"}], "more": {}, "none": null}));
-        assert_eq!(
-            found(&page, "/data/0"),
-            Some(serde_json::json!({"id": "ch_1"}))
-        );
-        assert_eq!(found(&page, "/data/1"), None);
-        assert_eq!(found(&page, "/more"), None);
-        assert_eq!(found(&page, "/none"), None);
-        assert_eq!(found(&s(serde_json::json!({"data": []})), "/data"), None);
-        assert_eq!(found(&s(serde_json::json!("text")), "/data/0"), None);
     }
 }

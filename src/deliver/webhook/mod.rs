@@ -7,12 +7,11 @@
 //! the request somewhere the destination check did not look.
 //!
 //! After an ambiguous attempt, a payload with `reconcile.url` makes the next attempt a
-//! lookup first ([`reconcile`]), within the same timeout; with `store_response` the
+//! lookup first ([`reconcile`](super::reconcile)), within the same timeout; with `store_response` the
 //! delivering response's body is kept in the summary ([`body`]), read within bounds.
 
 pub mod destination;
 pub mod payload;
-pub mod reconcile;
 pub mod redact;
 pub mod settings;
 pub mod signing;
@@ -30,6 +29,7 @@ use super::body;
 use super::classify::{classify_error, parse_retry_after};
 use super::client::{HttpClient, Response};
 use super::guard::{Guard, GuardedResolver};
+use super::reconcile;
 use super::{Attempted, Delivered, DeliveryError, Outgoing};
 use crate::model::{ConfigError, ErrorClass};
 use crate::retry::classify_http_status;
@@ -352,6 +352,27 @@ impl WebhookSender {
             .await
             .ok()??;
         Some(DeliveryError::invalid(format!("reconcile.url: {blocked}")))
+    }
+
+    /// Asks `url` whether the earlier attempt took effect, with the message's identity
+    /// (`Idempotency-Key`, `webhook-id`, `webhook-timestamp` and a signature over an empty
+    /// body) and the payload's headers ([`reconcile::ask`]).
+    async fn reconcile(
+        &self,
+        p: &Prepared<'_>,
+        url: &url::Url,
+        deadline: Instant,
+    ) -> (reconcile::Lookup, Option<Result<Delivered, DeliveryError>>) {
+        reconcile::ask(
+            &self.client,
+            self.timeout,
+            url,
+            self.identity_headers(p.req.headers.clone(), p, b""),
+            p.req.store_response,
+            p.req.found.as_deref(),
+            tokio::time::Instant::from_std(deadline),
+        )
+        .await
     }
 
     /// `headers` (the application's) with the message's identity, signed over `body`.
