@@ -52,15 +52,19 @@ const RESEND_KEY: &str = "Bearer re_RESENDSECRETMARK_0123";
 
 /// Resend as its documentation describes `POST /emails`: a Bearer key, a JSON body, and
 /// `Idempotency-Key` remembered (24 hours): the same key with the same body answers the first
-/// result and sends nothing; with another body, `409 invalid_idempotent_request`.
+/// result and sends nothing; with another body, `409 invalid_idempotent_request`; while the
+/// first request with the key is still being processed, `409 concurrent_idempotent_requests`.
 #[derive(Default)]
 struct Resend {
     /// The e-mails sent: their request bodies.
     emails: Vec<Value>,
     /// What each idempotency key was first used with: the body and the answer.
     keys: HashMap<String, (Vec<u8>, Value)>,
-    /// Send the first e-mail, then drop the connection instead of answering.
-    lose_first_answer: bool,
+    /// Keys whose first request sends the e-mail, then loses its answer (dropped).
+    lose_answer: HashSet<String>,
+    /// Keys whose first request sends the e-mail and is still being processed when the
+    /// next request with the key comes (its connection dropped meanwhile).
+    processing: HashSet<String>,
 }
 
 fn resend(state: &Mutex<Resend>, r: &Request) -> Answer {
@@ -92,6 +96,16 @@ fn resend(state: &Mutex<Resend>, r: &Request) -> Answer {
         return error(422, "validation_error", "Missing `to` or `from` field");
     }
     let key = r.header("idempotency-key");
+    if key
+        .as_ref()
+        .is_some_and(|k| s.processing.contains(k) && s.keys.contains_key(k))
+    {
+        return error(
+            409,
+            "concurrent_idempotent_requests",
+            "Same idempotency key used while original request is still in progress",
+        );
+    }
     if let Some((body, answer)) = key.as_ref().and_then(|k| s.keys.get(k)) {
         return if *body == r.body {
             Answer::json(200, answer)
@@ -105,10 +119,11 @@ fn resend(state: &Mutex<Resend>, r: &Request) -> Answer {
     }
     s.emails.push(email);
     let answer = json!({"id": format!("4ef9a417-02e9-4d39-ad75-9611e0fcc3{:02}", s.emails.len())});
-    if let Some(k) = key {
-        s.keys.insert(k, (r.body.clone(), answer.clone()));
-    }
-    if s.lose_first_answer && s.emails.len() == 1 {
+    let Some(k) = key else {
+        return Answer::json(200, &answer);
+    };
+    s.keys.insert(k.clone(), (r.body.clone(), answer.clone()));
+    if s.lose_answer.remove(&k) || s.processing.contains(&k) {
         return Answer::Drop;
     }
     Answer::json(200, &answer)
@@ -117,12 +132,15 @@ fn resend(state: &Mutex<Resend>, r: &Request) -> Answer {
 /// The Resend recipe as written: its answer lost after the e-mail was sent, the retry
 /// carries the same key and bytes, Resend answers the first result, and there is one e-mail
 /// and a delivered message that keeps Resend's object. A key Resend already holds with
-/// another body is refused (409): dead, permanent, no e-mail.
+/// another body is refused (409): dead, permanent, no e-mail. A retry that comes while
+/// Resend still processes the first request is refused too (409): after an answer lost,
+/// that is dead `ambiguous`, for a person, and nothing more is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resend_one_email_after_a_lost_answer() {
     let db = TestDb::new().await;
     let state = Arc::new(Mutex::new(Resend {
-        lose_first_answer: true,
+        lose_answer: HashSet::from(["welcome:user-7".to_owned()]),
+        processing: HashSet::from(["welcome:user-9".to_owned()]),
         ..Default::default()
     }));
     let st = state.clone();
@@ -138,13 +156,16 @@ async fn resend_one_email_after_a_lost_answer() {
     let c = db.client().await;
     let payload = json!({"endpoint": "resend", "path": "/emails",
         "json": {"from": "shop@example.com", "to": ["bob@example.com"], "subject": "Hi", "text": "Hi"}});
-    outboxd::enqueue(&c, &outboxd::NewMessage::http("welcome:user-8", payload))
-        .await
-        .unwrap();
+    for key in ["welcome:user-8", "welcome:user-9"] {
+        outboxd::enqueue(&c, &outboxd::NewMessage::http(key, payload.clone()))
+            .await
+            .unwrap();
+    }
 
     let d = daemon(&db, &FAST, Some(("OUTBOXD_SECRET_RESEND", RESEND_KEY)));
     let row = wait_for_state(&db, "welcome:user-7", "delivered", WAIT).await;
     let conflict = wait_for_state(&db, "welcome:user-8", "dead", WAIT).await;
+    let concurrent = wait_for_state(&db, "welcome:user-9", "dead", WAIT).await;
     let metrics = d.metrics().await;
     let out = d.stop().await;
 
@@ -152,7 +173,8 @@ async fn resend_one_email_after_a_lost_answer() {
         let s = state.lock().unwrap();
         (s.emails.clone(), s.keys["welcome:user-7"].1["id"].clone())
     };
-    assert_eq!(emails.len(), 1, "one e-mail: {emails:?}");
+    let to = |who: &str| emails.iter().filter(|e| e["to"][0] == who).count();
+    assert_eq!(to("ada@example.com"), 1, "one e-mail: {emails:?}");
     let sent = p.seen();
     let of = |key: &str| -> Vec<&Request> {
         sent.iter()
@@ -186,11 +208,19 @@ async fn resend_one_email_after_a_lost_answer() {
     assert_eq!(conflict.error_class.as_deref(), Some("permanent"));
     assert_eq!(of("welcome:user-8").len(), 1, "a 409 is not retried");
     assert_eq!(attempts(&db, "welcome:user-8").await[0].3, Some(409));
+    // The first request of welcome:user-9 sent its e-mail; the retry met a 409.
+    assert_eq!(to("bob@example.com"), 1, "{emails:?}");
+    assert_eq!(concurrent.error_class.as_deref(), Some("ambiguous"));
+    assert_eq!(of("welcome:user-9").len(), 2);
+    assert_eq!(
+        history(&db, "welcome:user-9").await,
+        h(&[("retry", Some("ambiguous")), ("dead", Some("ambiguous"))])
+    );
     assert_nowhere(
         &db,
         &out,
         &metrics,
-        &["welcome:user-7", "welcome:user-8"],
+        &["welcome:user-7", "welcome:user-8", "welcome:user-9"],
         "RESENDSECRETMARK",
         false,
     )
