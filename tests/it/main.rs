@@ -32,6 +32,7 @@ mod pg_tls;
 mod pools;
 mod privileges;
 mod properties;
+mod providers;
 mod reconcile;
 mod reliability;
 mod results;

@@ -13,7 +13,9 @@ pub mod cutter;
 pub mod faulty;
 pub mod pki;
 pub mod receiver;
+pub mod recipes;
 pub mod smtp;
+pub mod standin;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
