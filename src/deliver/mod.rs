@@ -5,6 +5,7 @@
 //! [`ErrorClass`], so the worker never inspects transport errors itself. The delivery code
 //! never touches SQL and never holds a database transaction.
 
+pub mod answer;
 pub mod body;
 pub mod classify;
 pub mod client;

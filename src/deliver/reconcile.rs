@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use hyper::header::HeaderMap;
 
+use super::answer::{answer_headers, host_of};
 use super::body;
 use super::classify::classify_error;
 use super::client::{HttpClient, Response};
-use super::webhook::{answer_headers, host_of};
 use super::{Delivered, DeliveryError};
 use crate::model::ErrorClass;
 

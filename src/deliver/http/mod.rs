@@ -27,9 +27,10 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use self::endpoint::{Endpoint, Endpoints, Known};
 use self::payload::{Body, Call};
 use self::settings::EndpointSecrets;
+use super::answer::{answered, host_of};
 use super::classify::classify_error;
 use super::reconcile::{self, Lookup};
-use super::webhook::{WebhookSender, answered, host_of};
+use super::webhook::WebhookSender;
 use super::{Attempted, Delivered, DeliveryError, Outgoing};
 use crate::model::ErrorClass;
 

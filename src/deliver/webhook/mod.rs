@@ -25,14 +25,13 @@ use self::payload::{Request, check, parse_payload_with};
 use self::settings::{SigningKeys, WebhookConfig};
 use self::signing::signatures;
 use self::urls::UrlCache;
-use super::body;
-use super::classify::{classify_error, parse_retry_after};
-use super::client::{HttpClient, Response};
+use super::answer::{answered, host_of};
+use super::classify::classify_error;
+use super::client::HttpClient;
 use super::guard::{Guard, GuardedResolver};
 use super::reconcile;
 use super::{Attempted, Delivered, DeliveryError, Outgoing};
 use crate::model::{ConfigError, ErrorClass};
-use crate::retry::classify_http_status;
 
 // The identity headers' names, made once: a name given as text is parsed and checked on
 // every insert (four per request).
@@ -53,12 +52,6 @@ pub struct WebhookSender {
     pub(in crate::deliver) timeout: Duration,
     /// Payload URLs parsed before, shared by every clone of the sender.
     urls: std::sync::Arc<UrlCache>,
-}
-
-/// The host of a URL, for error messages (never the path or query, which often carry
-/// tokens).
-pub(in crate::deliver) fn host_of(url: &url::Url) -> String {
-    url.host_str().unwrap_or("?").to_owned()
 }
 
 /// One attempt's request, checked, with the identity every request of the attempt carries.
@@ -105,60 +98,6 @@ fn too_late(
             host_of(&p.req.url)
         ),
     ))
-}
-
-/// The status, the provider's deduplication flag and its `Retry-After` (on 429 and 503).
-pub(in crate::deliver) fn answer_headers(response: &Response) -> (u16, bool, Option<Duration>) {
-    let status = response.status().as_u16();
-    let deduplicated = response
-        .headers()
-        .get("idempotent-replayed")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-    let retry_after = if status == 429 || status == 503 {
-        response
-            .headers()
-            .get(header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| parse_retry_after(v, SystemTime::now()))
-    } else {
-        None
-    };
-    (status, deduplicated, retry_after)
-}
-
-/// A request's answer as an attempt's result: its status classed, the provider's
-/// deduplication flag and `Retry-After` read, and its body kept (`store`, on success) or
-/// drained, within `deadline`. Both HTTP channels end their request here.
-pub(in crate::deliver) async fn answered(
-    mut response: Response,
-    host: &str,
-    store: bool,
-    deadline: tokio::time::Instant,
-) -> Result<Delivered, DeliveryError> {
-    let (status, deduplicated, retry_after) = answer_headers(&response);
-    let mut summary = serde_json::json!({ "status": status, "replayed": deduplicated });
-    let class = classify_http_status(status);
-    if store && class.is_none() {
-        body::keep(&mut response, &mut summary, deadline).await;
-    } else {
-        body::drain(&mut response, deadline).await;
-    }
-    match class {
-        None => Ok(Delivered {
-            status: Some(i32::from(status)),
-            deduplicated,
-            response: summary,
-        }),
-        Some(class) => Err(DeliveryError {
-            class,
-            status: Some(i32::from(status)),
-            retry_after,
-            response: Some(summary),
-            message: format!("HTTP {status} from {host}"),
-            source: None,
-        }),
-    }
 }
 
 impl WebhookSender {
