@@ -39,7 +39,7 @@ FROM outbox.messages
     };
 }
 
-/// Console: messages matching the filters of [`messages_where!`] (`$1`..`$7`), newest (by
+/// Console: messages matching the filters of `messages_where!` (`$1`..`$7`), newest (by
 /// id) first, with an id below `$8` (NULL: from the newest), at most `$9`. Keyset paging:
 /// a page deep in millions of rows costs what the first does, where an `OFFSET` reads
 /// every row it skips.
@@ -57,7 +57,7 @@ pub const MESSAGES_NEWER: &str = concat!(
     "  AND id > $8::int8\nORDER BY id\nLIMIT $9\n"
 );
 
-/// Console: how many messages match the filters of [`messages_where!`] (`$1`..`$7`),
+/// Console: how many messages match the filters of `messages_where!` (`$1`..`$7`),
 /// counting no further than `$8`: a count of everything would read every row, and the
 /// page only needs "N match" or "more than N".
 pub const MESSAGES_COUNT: &str = concat!(

@@ -8,7 +8,8 @@
 //! One room per user of the statements: `connection` (set-up, checks, wake-ups), `lease`,
 //! `enqueue` (the application's), `migrate`, `status`, `ops` (operators and the console),
 //! `endpoints` (the operators' endpoint commands and the worker's reading of the table),
-//! `breakers` and `console` (the console's listing of every message). Each re-exported here, so a statement is `queries::NAME` wherever it lives.
+//! `breakers` and `console` (the console's listing of every message). Each re-exported
+//! here, so a statement is `queries::NAME` wherever it lives.
 
 mod breakers;
 mod connection;

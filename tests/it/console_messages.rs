@@ -862,7 +862,6 @@ async fn no_page_is_wider_than_a_phone_and_messages_reads_at_both_widths() {
         first.contains("ago") || first.contains("just now"),
         "{first}"
     );
-    b.screenshot("messages").await;
     // Filter through the form.
     b.wait_for("#f-state")
         .await
@@ -901,7 +900,6 @@ async fn no_page_is_wider_than_a_phone_and_messages_reads_at_both_widths() {
             json!([]),
             "{path}: elements past the edge or scrolling: {r}"
         );
-        b.screenshot(&format!("phone{}", path.replace('/', "-"))).await;
     }
     b.close().await;
 }
