@@ -69,6 +69,8 @@ enum From {
     Dead,
     Held,
     Message,
+    /// `/messages`: ticked rows only (its filter spans every state).
+    Messages,
 }
 
 fn bad(m: &str) -> Failure {
@@ -106,6 +108,7 @@ pub(crate) async fn post(
         Some("dead") => From::Dead,
         Some("held") => From::Held,
         Some("message") | None => From::Message,
+        Some("messages") => From::Messages,
         Some(other) => return Err(bad(&format!("unknown page {}", quoted(other)))),
     };
     let mut c = client(&app).await?;
@@ -176,6 +179,12 @@ pub(crate) async fn post(
         ));
     }
     if field(&form, "confirmed") != Some("yes") {
+        // Before anything is confirmed, the SQL function is asked, and rolled back: a row
+        // in a state the action does not take (ticked on `/messages`, say) is named now,
+        // in the function's own words, not after the operator confirmed.
+        if let Some(why) = refusal(&mut c, verb, &chosen).await? {
+            return Err(Failure::Refused(why));
+        }
         let ids: Vec<i64> = chosen.iter().map(|(id, _)| *id).collect();
         let states = crate::ops::states_of(&**c, &ids)
             .await
@@ -254,11 +263,45 @@ pub(crate) async fn post(
                 }
             }
             p {
-                a href="/dead" { "Dead letters" } " · " a href="/held" { "Held" } " · " a href="/" { "Overview" }
+                a href="/dead" { "Dead letters" } " · " a href="/held" { "Held" } " · "
+                a href="/messages" { "Messages" } " · " a href="/" { "Overview" }
             }
         }
     };
     Ok(layout::page(&title, Some(&signed), body).into_response())
+}
+
+/// What the action's SQL function would refuse about `chosen`, asked in a transaction that
+/// is rolled back (`outbox.replay`, `approve`, `cancel`, `confirm`: their rules, their
+/// words), or None when it would go through.
+async fn refusal(
+    c: &mut deadpool_postgres::Object,
+    verb: Verb,
+    chosen: &[(i64, String)],
+) -> Result<Option<String>, Failure> {
+    let targets: Vec<Target> = chosen.iter().map(|(id, _)| Target::Id(*id)).collect();
+    let refused = match verb {
+        Verb::Replay => {
+            match crate::ops::replay(c, &ReplaySelection::Named(targets), "console", true).await {
+                Ok(_) => None,
+                Err(ReplayError::Database(e)) => return Err(Failure::db(&e)),
+                Err(e) => Some(e.to_string()),
+            }
+        }
+        other => {
+            let action = match other {
+                Verb::Approve => Checkpoint::Approve,
+                Verb::Confirm => Checkpoint::Confirm,
+                _ => Checkpoint::Cancel { reason: None },
+            };
+            match crate::ops::checkpoint_dry_run(c, &action, &targets, "console").await {
+                Ok(_) => None,
+                Err(CheckpointError::Database(e)) => return Err(Failure::db(&e)),
+                Err(e) => Some(e.to_string()),
+            }
+        }
+    };
+    Ok(refused)
 }
 
 fn capitalized(s: &str) -> String {
@@ -313,11 +356,15 @@ fn confirmation(
                 }
             }
             div.scroll {
-                table id="chosen" {
-                    thead { tr { th.num { "id" } th { "key" } } }
+                table.rows id="chosen" {
+                    thead { tr { th.num { "id" } th { "key" } th { "state" } } }
                     tbody {
                         @for (id, key) in chosen {
-                            tr { td.num { (id) } td.key { (crate::text::escape(key)) } }
+                            tr {
+                                td.num data-label="id" { (id) }
+                                td.key data-label="key" { (crate::text::escape(key)) }
+                                td data-label="state" { (states.get(id).map_or("-", |s| s.state.as_str())) }
+                            }
                         }
                     }
                 }

@@ -112,6 +112,11 @@ pub(crate) async fn page(
 ) -> Result<Response, Failure> {
     let q = parse_filter(&pairs(raw.unwrap_or_default().as_bytes()))?;
     let c = client(&app).await?;
+    let clock = super::time::Clock(
+        crate::ops::database_now(&**c)
+            .await
+            .map_err(|e| Failure::db(&e))?,
+    );
     let (rows, total) =
         crate::ops::dead_letters_page(&**c, &q.filter, PAGE_SIZE, (q.page - 1) * PAGE_SIZE)
             .await
@@ -152,24 +157,24 @@ pub(crate) async fn page(
                         button.secondary type="submit" name="do" value="confirm:selected" id="confirm-selected" { "Confirm delivered" }
                         button.danger type="submit" name="do" value="cancel:selected" id="cancel-selected" { "Cancel selected" }
                     }
-                    table id="dead" {
+                    table.rows id="dead" {
                         thead { tr {
                             th { span.muted { "pick" } }
                             th.num { "id" } th { "key" } th { "channel" }
                             th.num.hide-narrow { "attempts" } th { "class" }
-                            th.hide-narrow { "dead at" } th { "last error" }
+                            th { "dead" } th { "last error" }
                         } }
                         tbody {
                             @for d in &rows {
                                 tr data-id=(d.id) {
-                                    td { input type="checkbox" name="id" value=(d.id) aria-label={ "select " (d.id) }; }
-                                    td.num { a href={ "/message/" (d.id) } { (d.id) } }
-                                    td.key { a href={ "/message/" (d.id) } { (crate::text::escape(&d.message_key)) } }
-                                    td { (d.channel) }
-                                    td.num.hide-narrow { (d.attempts) }
-                                    td { (d.error_class.as_deref().unwrap_or("-")) }
-                                    td.hide-narrow { (d.dead_at) }
-                                    td.err { (crate::text::escape(d.last_error.as_deref().unwrap_or("-"))) }
+                                    td.pick { input type="checkbox" name="id" value=(d.id) aria-label={ "select " (d.id) }; }
+                                    td.num data-label="id" { a href={ "/message/" (d.id) } { (d.id) } }
+                                    td.key data-label="key" { a href={ "/message/" (d.id) } { (crate::text::escape(&d.message_key)) } }
+                                    td data-label="channel" { (d.channel) }
+                                    td.num.hide-narrow data-label="attempts" { (d.attempts) }
+                                    td data-label="class" { (d.error_class.as_deref().unwrap_or("-")) }
+                                    td data-label="dead" { (clock.at(&d.dead_at)) }
+                                    td.err data-label="last error" { (crate::text::escape(d.last_error.as_deref().unwrap_or("-"))) }
                                 }
                             }
                         }

@@ -49,6 +49,11 @@ pub(crate) async fn page(
     let f = parse_filter(&q)?;
     let page = parse_page(&q)?;
     let c = client(&app).await?;
+    let clock = super::time::Clock(
+        crate::ops::database_now(&**c)
+            .await
+            .map_err(|e| Failure::db(&e))?,
+    );
     let (rows, total) = crate::ops::held_page(&**c, &f, PAGE_SIZE, (page - 1) * PAGE_SIZE)
         .await
         .map_err(|e| Failure::db(&e))?;
@@ -77,19 +82,19 @@ pub(crate) async fn page(
                         button type="submit" name="do" value="approve:selected" id="approve-selected" { "Approve selected" }
                         button.danger type="submit" name="do" value="cancel:selected" id="cancel-selected" { "Cancel selected" }
                     }
-                    table id="held" {
+                    table.rows id="held" {
                         thead { tr {
                             th { span.muted { "pick" } }
-                            th.num { "id" } th { "key" } th { "channel" } th { "enqueued at" }
+                            th.num { "id" } th { "key" } th { "channel" } th { "enqueued" }
                         } }
                         tbody {
                             @for h in &rows {
                                 tr data-id=(h.id) {
-                                    td { input type="checkbox" name="id" value=(h.id) aria-label={ "select " (h.id) }; }
-                                    td.num { a href={ "/message/" (h.id) } { (h.id) } }
-                                    td.key { a href={ "/message/" (h.id) } { (crate::text::escape(&h.message_key)) } }
-                                    td { (h.channel) }
-                                    td { (h.created_at) }
+                                    td.pick { input type="checkbox" name="id" value=(h.id) aria-label={ "select " (h.id) }; }
+                                    td.num data-label="id" { a href={ "/message/" (h.id) } { (h.id) } }
+                                    td.key data-label="key" { a href={ "/message/" (h.id) } { (crate::text::escape(&h.message_key)) } }
+                                    td data-label="channel" { (h.channel) }
+                                    td data-label="enqueued" { (clock.at(&h.created_at)) }
                                 }
                             }
                         }

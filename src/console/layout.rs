@@ -27,6 +27,8 @@ pub(crate) fn page(title: &str, signed: Option<&Signed>, body: Markup) -> Html<S
                             a href="/" { "Overview" }
                             a href="/dead" { "Dead letters" }
                             a href="/held" { "Held" }
+                            a href="/messages" { "Messages" }
+                            a href="/endpoints" { "Endpoints" }
                         }
                         form action="/lookup" method="get" role="search" {
                             input type="search" name="q" placeholder="id or key" aria-label="id or key" maxlength="255";

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 
 use super::auth::Signed;
+use super::time::Clock;
 use super::{Failure, Shared, client, field, layout, pairs, quoted};
 use crate::ops::{MessageDetail, Target};
 
@@ -36,8 +37,13 @@ pub(crate) async fn page(
         .await
         .map_err(|e| Failure::db(&e))?
         .ok_or_else(|| Failure::NotFound(format!("no such message: id {id}")))?;
+    let clock = Clock(
+        crate::ops::database_now(&**c)
+            .await
+            .map_err(|e| Failure::db(&e))?,
+    );
     let title = format!("Message {}", detail.id);
-    Ok(layout::page(&title, Some(&signed), body(&detail, &signed)).into_response())
+    Ok(layout::page(&title, Some(&signed), body(&detail, &signed, &clock)).into_response())
 }
 
 /// Stored text, one line of visible characters (maud escapes the HTML).
@@ -49,7 +55,7 @@ fn opt(s: &Option<String>) -> String {
     s.as_deref().map_or_else(|| "-".into(), t)
 }
 
-fn body(d: &MessageDetail, signed: &Signed) -> Markup {
+fn body(d: &MessageDetail, signed: &Signed, clock: &Clock) -> Markup {
     // JSON escapes control characters in strings but not U+2028, U+2029 or the
     // bidirectional overrides, which would make the page show text other than what is
     // stored: each line goes through `text::escape` (the pretty printer's newlines stay).
@@ -68,17 +74,28 @@ fn body(d: &MessageDetail, signed: &Signed) -> Markup {
                 dt { "state" } dd id="state" { b { (t(&d.state)) } }
                 dt { "attempts" } dd { (d.attempts) " of " (d.max_attempts) " (retry ambiguous: " (d.retry_ambiguous) ")" }
                 @if let Some(k) = &d.ordering_key { dt { "ordering key" } dd { (t(k)) } }
-                dt { "run after" } dd { (d.run_after) }
-                dt { "created" } dd { (d.created_at) }
-                dt { "updated" } dd { (d.updated_at) }
+                @if d.state == "pending" { dt { "due" } dd { (clock.at(&d.run_after)) } }
+                dt { "created" } dd { (clock.at(&d.created_at)) }
+                dt { "updated" } dd { (clock.at(&d.updated_at)) }
                 @if d.lease_owner.is_some() {
-                    dt { "lease" } dd { (opt(&d.lease_owner)) " until " (opt(&d.lease_expires_at)) }
+                    dt { "lease" } dd {
+                        (opt(&d.lease_owner))
+                        @if let Some(until) = &d.lease_expires_at { ", until " (clock.at(until)) }
+                    }
                 }
-                @if let Some(x) = &d.delivered_at { dt { "delivered" } dd { (x) } }
-                @if let Some(x) = &d.dead_at { dt { "dead" } dd { (x) } }
-                @if let Some(x) = &d.cancelled_at { dt { "cancelled" } dd { (x) } }
+                @if let Some(x) = &d.delivered_at { dt { "delivered" } dd { (clock.at(x)) } }
+                @if let Some(x) = &d.dead_at { dt { "dead" } dd { (clock.at(x)) } }
+                @if let Some(x) = &d.cancelled_at { dt { "cancelled" } dd { (clock.at(x)) } }
                 @if d.error_class.is_some() {
-                    dt { "error" } dd id="error-line" { (opt(&d.error_class)) ": " (opt(&d.last_error)) }
+                    dt { "error" } dd.err id="error-line" { (opt(&d.error_class)) ": " (opt(&d.last_error)) }
+                }
+                @if let Some(window) = key_window(d) {
+                    dt { "key window" } dd id="key-window" {
+                        (clock.either(window, "closed", "closes"))
+                        @if clock.passed(window) {
+                            span.muted { " (the provider may have forgotten the key: a replay sends it as new)" }
+                        }
+                    }
                 }
             }
             (actions(d, signed))
@@ -87,8 +104,7 @@ fn body(d: &MessageDetail, signed: &Signed) -> Markup {
             h2 { "Payload " span.muted { "(header values, URL paths and queries redacted, as outboxd show does)" } }
             pre id="payload" { (pretty(&d.payload)) }
             @if let Some(r) = &d.response {
-                h2 { "Last response" }
-                pre id="response" { (pretty(r)) }
+                (response(r, d, &pretty))
             }
         }
         section.scroll {
@@ -96,27 +112,120 @@ fn body(d: &MessageDetail, signed: &Signed) -> Markup {
             @if d.history.is_empty() {
                 p.muted { "No attempts yet." }
             } @else {
-                table id="history" {
+                table.rows id="history" {
                     thead { tr {
                         th.num { "attempt" } th { "outcome" } th { "class" } th.num { "status" }
-                        th.hide-narrow { "dedup" } th { "worker" } th.hide-narrow { "started" } th { "error" }
+                        th.hide-narrow { "dedup" } th { "worker" } th { "started" } th { "error" }
                     } }
                     tbody {
                         @for a in &d.history {
                             tr {
-                                td.num { (a.attempt) }
-                                td.outcome { (t(&a.outcome)) }
-                                td { (opt(&a.error_class)) }
-                                td.num { (a.status.map_or_else(|| "-".to_owned(), |s| s.to_string())) }
-                                td.hide-narrow { (if a.deduplicated { "yes" } else { "no" }) }
-                                td.worker { (opt(&a.worker)) }
-                                td.hide-narrow { (a.started_at) }
-                                td.err { (opt(&a.error)) }
+                                td.num data-label="attempt" { (a.attempt) }
+                                td.outcome data-label="outcome" { (t(&a.outcome)) }
+                                td data-label="class" { (opt(&a.error_class)) }
+                                td.num data-label="status" { (a.status.map_or_else(|| "-".to_owned(), |s| s.to_string())) }
+                                td.hide-narrow data-label="dedup" { (if a.deduplicated { "yes" } else { "no" }) }
+                                td.worker.host data-label="worker" { (opt(&a.worker)) }
+                                td data-label="started" { (clock.at(&a.started_at)) }
+                                td.err data-label="error" { (opt(&a.error)) }
                             }
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// When the provider's key window closes (`outbox.key_expires_at`, as `show --json` has
+/// it), where it matters: a held or dead message, or one whose last attempt may have taken
+/// effect (`ambiguous`), is the one a person may send again.
+fn key_window(d: &MessageDetail) -> Option<&str> {
+    let matters = matches!(d.state.as_str(), "held" | "dead")
+        || d.error_class.as_deref() == Some("ambiguous");
+    d.key_expires_at.as_deref().filter(|_| matters)
+}
+
+/// The stored response's member that holds the provider's body (`store_response`).
+const BODY: &str = "body";
+
+/// Most characters of a stored body shown on the page; `outboxd show --json` has all of it.
+const BODY_SHOWN: usize = 4096;
+
+/// The stored response, as `outboxd show` has it (`response`): the status and the content
+/// type on a line each, the body (kept with `store_response`) as text or indented JSON,
+/// each line escaped, cut past [`BODY_SHOWN`] characters with a note, and any other
+/// members (`reconciled`, `confirmed`, an e-mail's reply codes) as JSON.
+fn response(
+    r: &serde_json::Value,
+    d: &MessageDetail,
+    pretty: &dyn Fn(&serde_json::Value) -> String,
+) -> Markup {
+    let delivered = d.state == "delivered";
+    let title = if delivered {
+        "Stored response"
+    } else {
+        "Last response"
+    };
+    let Some(obj) = r.as_object() else {
+        return html! { h2 { (title) } pre id="response" { (pretty(r)) } };
+    };
+    let status = obj
+        .get("status")
+        .map(|s| crate::text::escape(&s.to_string()).into_owned());
+    let content_type = obj
+        .get("content_type")
+        .and_then(serde_json::Value::as_str)
+        .map(|s| crate::text::escape(s).into_owned());
+    let cut_by_worker = obj
+        .get("body_truncated")
+        .and_then(serde_json::Value::as_bool)
+        == Some(true);
+    let body = obj.get(BODY).map(|b| match b {
+        serde_json::Value::String(text) => text
+            .lines()
+            .map(crate::text::escape)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        other => pretty(other),
+    });
+    let (body, body_chars) = match body {
+        Some(b) => {
+            let n = b.chars().count();
+            (Some(b.chars().take(BODY_SHOWN).collect::<String>()), n)
+        }
+        None => (None, 0),
+    };
+    let rest: serde_json::Map<String, serde_json::Value> = obj
+        .iter()
+        .filter(|(k, _)| {
+            !matches!(k.as_str(), "status" | "content_type" | "body_truncated")
+                && k.as_str() != BODY
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    html! {
+        h2 { (title) }
+        dl id="response-fields" {
+            @if let Some(s) = &status { dt { "status" } dd id="response-status" { (s) } }
+            @if let Some(ct) = &content_type { dt { "content type" } dd { (ct) } }
+        }
+        @if let Some(b) = &body {
+            pre id="response-body" { (b) }
+            @if body_chars > BODY_SHOWN {
+                p.muted id="response-cut" {
+                    "Showing the first " (BODY_SHOWN) " of " (body_chars) " characters; "
+                    code { "outboxd show --json " (d.id) } " has the whole body."
+                }
+            }
+            @if cut_by_worker {
+                p.muted { "The provider's body was longer than the worker keeps (64 KiB), or did not end in time: it was stored cut." }
+            }
+        } @else if delivered {
+            p.muted { "No body kept (the payload did not ask for it)." }
+        }
+        @if !rest.is_empty() {
+            pre id="response" { (pretty(&serde_json::Value::Object(rest))) }
         }
     }
 }

@@ -6,7 +6,9 @@
 //! `layout` (the frame every page shares, the error page), `auth` (sessions, tokens,
 //! CSRF, the rate limit, the guard), `signin` (the sign-in page and its form), `overview`
 //! (counts and the chart), `dead`, `held`, `message` (one message, and lookup) and
-//! `action` (the confirmation step and the change).
+//! `action` (the confirmation step and the change); `messages` (every message, filtered
+//! and paged by id), `endpoints` (the http channel's endpoints, names of secrets only) and
+//! `time` (the one formatter of times, relative to the database's clock).
 //!
 //! Security, in one place so that it can be checked in one place:
 //! * no page without a session; sign-in with `OUTBOXD_CONSOLE_TOKEN` (compared in constant
@@ -37,6 +39,10 @@ mod message;
 mod overview;
 mod signin;
 
+mod endpoints;
+mod messages;
+mod time;
+
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +66,10 @@ pub struct ConsoleConfig {
     token: Option<Secret>,
     /// How long a session lasts after sign-in.
     pub session_ttl: Duration,
+    /// The names (upper-case) of the endpoint secrets this console's environment holds,
+    /// for `/endpoints` to say yes or no; `None` when they could not be read. Names only:
+    /// the console never holds a secret's value.
+    pub secret_names: Option<std::collections::BTreeSet<String>>,
 }
 
 /// The shortest sign-in token accepted: long enough that the rate limit makes guessing it
@@ -103,6 +113,7 @@ impl ConsoleConfig {
             addr,
             token,
             session_ttl: Duration::from_secs(8 * 3600),
+            secret_names: Some(std::collections::BTreeSet::new()),
         })
     }
 }
@@ -111,6 +122,18 @@ impl ConsoleConfig {
 pub(crate) struct App {
     pool: Pool,
     auth: auth::Auth,
+    /// [`ConsoleConfig::secret_names`].
+    secret_names: Option<std::collections::BTreeSet<String>>,
+}
+
+impl App {
+    /// Does this console's environment hold the endpoint secret `name` (any case)? None
+    /// when its secrets could not be read.
+    fn has_secret(&self, name: &str) -> Option<bool> {
+        self.secret_names
+            .as_ref()
+            .map(|names| names.contains(&name.to_ascii_uppercase()))
+    }
 }
 
 type Shared = Arc<App>;
@@ -134,6 +157,9 @@ fn router(app: Shared) -> axum::Router {
         .route("/held", get(held::page))
         .route("/message/{id}", get(message::page))
         .route("/lookup", get(message::lookup))
+        .route("/messages", get(messages::page))
+        .route("/messages/{id}", get(message::page))
+        .route("/endpoints", get(endpoints::page))
         .route("/action", post(action::post))
         .route("/signin", get(signin::signin_page).post(signin::signin))
         .route("/signout", post(auth::signout))
@@ -185,6 +211,7 @@ pub async fn serve(
             config.session_ttl,
             secure,
         ),
+        secret_names: config.secret_names,
     });
     tracing::info!(addr = %local, signin_token = config.token.is_some(), "console listening");
     bound(local);

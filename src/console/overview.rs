@@ -35,10 +35,15 @@ pub(crate) async fn page(State(app): State<Shared>, signed: Signed) -> Result<Re
                     @for state in MessageState::ALL {
                         tr data-state=(state.as_str()) {
                             td { (state_link(state)) }
-                            td.num.total { (st.total.get(state)) }
+                            // Each count links to the messages it counts.
+                            td.num.total {
+                                a href={ "/messages?state=" (state.as_str()) } { (st.total.get(state)) }
+                            }
                             @for ch in &channels {
                                 td.num data-channel=(ch) {
-                                    (st.by_channel.get(*ch).map_or(0, |n| n.get(state)))
+                                    a href={ "/messages?state=" (state.as_str()) "&channel=" (ch) } {
+                                        (st.by_channel.get(*ch).map_or(0, |n| n.get(state)))
+                                    }
                                 }
                             }
                         }

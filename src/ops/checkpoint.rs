@@ -85,6 +85,29 @@ pub async fn checkpoint_as_seen(
     actor: &str,
     seen: &[(i64, Seen)],
 ) -> Result<Vec<(i64, String)>, CheckpointError> {
+    checkpoint_checked(client, action, targets, actor, seen, false).await
+}
+
+/// What [`checkpoint`] would answer, changing nothing: the SQL function runs and its
+/// transaction is rolled back, so a refusal (a row in a state the action does not take) is
+/// the function's own, told before an operator confirms.
+pub async fn checkpoint_dry_run(
+    client: &mut Client,
+    action: &Checkpoint,
+    targets: &[Target],
+    actor: &str,
+) -> Result<Vec<(i64, String)>, CheckpointError> {
+    checkpoint_checked(client, action, targets, actor, &[], true).await
+}
+
+async fn checkpoint_checked(
+    client: &mut Client,
+    action: &Checkpoint,
+    targets: &[Target],
+    actor: &str,
+    seen: &[(i64, Seen)],
+    dry_run: bool,
+) -> Result<Vec<(i64, String)>, CheckpointError> {
     if targets.is_empty() {
         return Err(CheckpointError::Empty(action.done()));
     }
@@ -150,6 +173,10 @@ pub async fn checkpoint_as_seen(
     })?;
     let mut changed: Vec<(i64, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     changed.sort();
-    tx.commit().await?;
+    if dry_run {
+        tx.rollback().await?;
+    } else {
+        tx.commit().await?;
+    }
     Ok(changed)
 }

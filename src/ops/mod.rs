@@ -9,7 +9,7 @@
 //! One room per concern: `dead` letters, `held` messages, one message's story (`show`),
 //! `replay`, the `checkpoint`s and the `seen`-state check they and replay share, `purge`,
 //! the breakers' `destinations`, the http channel's `endpoints`, and the console's
-//! `activity` chart. This file names
+//! `activity` chart and its listing of every message (`messages`). This file names
 //! messages ([`Target`], [`resolve`]) and holds the timestamp helpers they all print with.
 
 use tokio_postgres::GenericClient;
@@ -23,13 +23,16 @@ mod dead;
 mod destinations;
 mod endpoints;
 mod held;
+mod messages;
 mod purge;
 mod replay;
 mod seen;
 mod show;
 
 pub use activity::{MinuteCount, attempts_per_minute};
-pub use checkpoint::{Checkpoint, CheckpointError, checkpoint, checkpoint_as_seen};
+pub use checkpoint::{
+    Checkpoint, CheckpointError, checkpoint, checkpoint_as_seen, checkpoint_dry_run,
+};
 pub use dead::{DeadFilter, DeadLetter, dead_ids, dead_letters, dead_letters_page};
 pub use destinations::{
     Destination, close_destination, destinations, destinations_of_host, restore_backlog,
@@ -38,6 +41,10 @@ pub use endpoints::{
     Endpoint, EndpointError, EndpointSet, EndpointSpec, endpoints, remove_endpoint, set_endpoint,
 };
 pub use held::{HeldFilter, HeldMessage, held, held_page};
+pub use messages::{
+    Cursor, ListedMessage, MessageFilter, MessagePage, count_messages, database_now, messages_page,
+    prefix_end,
+};
 pub use purge::{purge, purge_batch};
 pub use replay::{ReplayError, ReplaySelection, replay, replay_as_seen, replay_forced};
 pub use seen::{Seen, states_of};

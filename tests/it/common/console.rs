@@ -31,8 +31,14 @@ impl Console {
     /// Starts the console on `db`, with this token or none, on `127.0.0.1:0`; waits (10 s at
     /// most) for the line that gives its address.
     pub fn start_with(db: &TestDb, token: Option<&str>) -> Console {
+        Console::start_with_env(db, token, &[])
+    }
+
+    /// [`Console::start_with`], with these variables in the console's environment too.
+    pub fn start_with_env(db: &TestDb, token: Option<&str>, env: &[(&str, &str)]) -> Console {
         let mut cmd = outboxd(Some(&db.url()));
         cmd.args(["console", "--addr", "127.0.0.1:0"]);
+        cmd.envs(env.iter().copied());
         if let Some(t) = token {
             cmd.env("OUTBOXD_CONSOLE_TOKEN", t);
         }
