@@ -61,7 +61,7 @@ fn row(e: &Endpoint, app: &super::App, clock: &Clock) -> Markup {
             td.key data-label="name" {
                 a href={ "/messages?channel=http&endpoint=" (urlencode(&e.name)) } { (t(&e.name)) }
             }
-            td.key data-label="base URL" { (t(&e.url)) }
+            td.key data-label="base URL" { (origin_of(&e.url)) }
             td data-label="credential" {
                 @match &e.auth_secret {
                     Some(name) => {
@@ -102,6 +102,46 @@ fn row(e: &Endpoint, app: &super::App, clock: &Clock) -> Markup {
     }
 }
 
+/// An endpoint's URL as a page may show it: scheme, host and port, and `/…` for a path,
+/// which may hold a credential (a Slack incoming webhook's does) and, like every URL path,
+/// stays off the console's pages. `outboxd endpoint list` shows it whole to the operator.
+fn origin_of(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) if u.has_host() => {
+            let origin = u.origin().ascii_serialization();
+            // Nothing after the origin but the root: nothing to hide.
+            if u.as_str().strip_prefix(origin.as_str()) == Some("/") {
+                origin
+            } else {
+                format!("{origin}/…")
+            }
+        }
+        _ => "(not a URL)".to_owned(),
+    }
+}
+
 fn urlencode(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::origin_of;
+
+    #[test]
+    fn a_page_shows_an_endpoints_origin_and_never_its_path() {
+        assert_eq!(
+            origin_of("https://api.stripe.com"),
+            "https://api.stripe.com"
+        );
+        assert_eq!(
+            origin_of("https://api.example.com:8443/v2"),
+            "https://api.example.com:8443/…"
+        );
+        assert_eq!(
+            origin_of("https://hooks.slack.com/services/T0/B0/SECRET?x=1"),
+            "https://hooks.slack.com/…"
+        );
+        assert_eq!(origin_of("not a url"), "(not a URL)");
+    }
 }
