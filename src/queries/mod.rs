@@ -7,11 +7,13 @@
 //!
 //! One room per user of the statements: `connection` (set-up, checks, wake-ups), `lease`,
 //! `enqueue` (the application's), `migrate`, `status`, `ops` (operators and the console),
-//! `endpoints` (the operators' endpoint commands and the worker's reading of the table) and
-//! `breakers`. Each re-exported here, so a statement is `queries::NAME` wherever it lives.
+//! `endpoints` (the operators' endpoint commands and the worker's reading of the table),
+//! `breakers` and `destinations` (pauses, and the console's destination pages). Each
+//! re-exported here, so a statement is `queries::NAME` wherever it lives.
 
 mod breakers;
 mod connection;
+mod destinations;
 mod endpoints;
 mod enqueue;
 mod lease;
@@ -21,6 +23,7 @@ mod status;
 
 pub use breakers::*;
 pub use connection::*;
+pub use destinations::*;
 pub use endpoints::*;
 pub use enqueue::*;
 pub use lease::*;
