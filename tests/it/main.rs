@@ -28,6 +28,7 @@ mod leases;
 mod migrations;
 mod ops;
 mod ordering;
+mod pauses;
 mod pg_tls;
 mod pools;
 mod privileges;
