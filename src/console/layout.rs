@@ -27,6 +27,7 @@ pub(crate) fn page(title: &str, signed: Option<&Signed>, body: Markup) -> Html<S
                             a href="/" { "Overview" }
                             a href="/dead" { "Dead letters" }
                             a href="/held" { "Held" }
+                            a href="/destinations" { "Destinations" }
                         }
                         form action="/lookup" method="get" role="search" {
                             input type="search" name="q" placeholder="id or key" aria-label="id or key" maxlength="255";

@@ -5,8 +5,9 @@
 //! `confirm`) and below `cli` (which parses its flags). The pages live beside this file:
 //! `layout` (the frame every page shares, the error page), `auth` (sessions, tokens,
 //! CSRF, the rate limit, the guard), `signin` (the sign-in page and its form), `overview`
-//! (counts and the chart), `dead`, `held`, `message` (one message, and lookup) and
-//! `action` (the confirmation step and the change).
+//! (counts and the chart), `dead`, `held`, `message` (one message, and lookup),
+//! `action` (the confirmation step and the change) and `destinations` (what waits for
+//! each destination; pause, resume, close, with their own confirmation step).
 //!
 //! Security, in one place so that it can be checked in one place:
 //! * no page without a session; sign-in with `OUTBOXD_CONSOLE_TOKEN` (compared in constant
@@ -31,6 +32,7 @@
 mod action;
 mod auth;
 mod dead;
+mod destinations;
 mod held;
 mod layout;
 mod message;
@@ -135,6 +137,11 @@ fn router(app: Shared) -> axum::Router {
         .route("/message/{id}", get(message::page))
         .route("/lookup", get(message::lookup))
         .route("/action", post(action::post))
+        .route("/destinations", get(destinations::list))
+        .route(
+            "/destinations/{host}",
+            get(destinations::page).post(destinations::post),
+        )
         .route("/signin", get(signin::signin_page).post(signin::signin))
         .route("/signout", post(auth::signout))
         .route("/style.css", get(stylesheet))
