@@ -15,8 +15,8 @@
 //! someone else between the two steps makes the action refused (409). Both steps check
 //! the CSRF token first.
 
-use axum::extract::{Path, State};
-use axum::response::{IntoResponse, Response};
+use axum::extract::{Path, RawQuery, State};
+use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 
 use super::auth::Signed;
@@ -96,7 +96,18 @@ fn limits_note() -> Markup {
     }
 }
 
-pub(crate) async fn list(State(app): State<Shared>, signed: Signed) -> Result<Response, Failure> {
+pub(crate) async fn list(
+    State(app): State<Shared>,
+    signed: Signed,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, Failure> {
+    // The form that opens one destination by name, known or not (a host may be paused
+    // before its first message).
+    let q = pairs(raw.unwrap_or_default().as_bytes());
+    if let Some(host) = field(&q, "host") {
+        let host = parse_host(host.trim())?;
+        return Ok(Redirect::to(&href(&host)).into_response());
+    }
     let c = client(&app).await?;
     let rows = crate::ops::destinations_waiting(&**c, LIST_LIMIT, None)
         .await
@@ -111,6 +122,12 @@ pub(crate) async fn list(State(app): State<Shared>, signed: Signed) -> Result<Re
                 "; " b id="paused-count" { (paused) } " paused."
             }
             (limits_note())
+            form.filters method="get" action="/destinations" id="open-host" {
+                label { "Destination (host or host:port)"
+                    input type="text" name="host" id="f-host" maxlength="1000";
+                }
+                button type="submit" id="open" { "Open" }
+            }
         }
         section.scroll {
             @if rows.is_empty() {

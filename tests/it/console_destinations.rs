@@ -104,6 +104,23 @@ async fn pause_and_resume_from_the_console_are_what_the_cli_sees() {
         page.contains("id=\"limits\""),
         "says where the limits are set"
     );
+    // A destination named in the form opens its page, known or not; a bad name is refused.
+    let res = get(
+        &console.url("/destinations?host=New.Example%3A8443"),
+        &s.cookie,
+    )
+    .await;
+    assert_eq!(res.status(), 303);
+    assert_eq!(res.headers()["location"], "/destinations/new.example:8443");
+    let page = get(&console.url("/destinations/new.example:8443"), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("id=\"unknown\""), "{page}");
+    assert!(page.contains("id=\"pause\""), "{page}");
+    let res = get(&console.url("/destinations?host=%3Cb%3E"), &s.cookie).await;
+    assert_eq!(res.status(), 404);
 
     // A forged or missing CSRF token changes nothing.
     for csrf in ["", &"0".repeat(64)] {
