@@ -518,3 +518,27 @@ async fn hostile_hosts_and_reasons_are_refused_in_one_line() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(out.stdout.contains("was not paused"), "{}", out.stdout);
 }
+
+/// `--drain` does not wait for what a pause holds back (a person must resume it, as a held
+/// message waits for approval): it delivers the rest and stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_does_not_wait_for_a_paused_destination() {
+    let db = TestDb::new().await;
+    let paused = Receiver::start().await;
+    let other = Receiver::start().await;
+    enqueue_webhooks(&db, "p:", &paused.url("/hook"), 3).await;
+    enqueue_webhooks(&db, "ok:", &other.url("/hook"), 3).await;
+    let out = cli(&db, &["destinations", "--pause", &paused.addr.to_string()]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // Due after the pause: claimed, then held back by the worker.
+    enqueue_webhooks(&db, "q:", &paused.url("/hook"), 2).await;
+    let mut cfg = worker_config("w1");
+    cfg.drain = true;
+    RunningWorker::start(&db, cfg, test_webhook_config())
+        .drained(WAIT)
+        .await;
+    assert_eq!(delivered(&db, "ok:").await, 3);
+    assert_eq!(tally(&db, "p:").await, (3, 3, 0, 0));
+    assert_eq!(tally(&db, "q:").await, (2, 2, 0, 0));
+    assert_eq!(paused.requests().len(), 0);
+}
