@@ -80,8 +80,38 @@ CREATE TABLE outbox.destinations (
     probe_until timestamp with time zone,
     deferred_until timestamp with time zone,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    -- A pause (outbox.pause_destination), apart from the circuit: since when, by whom, why,
+    -- and the far-off time its held-back messages are parked at until it is resumed.
+    paused_at timestamp with time zone,
+    paused_by text,
+    pause_reason text,
+    parked_until timestamp with time zone,
     CONSTRAINT destinations_host_check CHECK (((length(host) >= 1) AND (length(host) <= 1000))),
-    CONSTRAINT destinations_state_check CHECK ((state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text])))
+    CONSTRAINT destinations_state_check CHECK ((state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
+    CONSTRAINT destinations_paused_check CHECK ((((paused_at IS NULL) = (paused_by IS NULL)) AND ((paused_at IS NULL) = (parked_until IS NULL)) AND ((paused_at IS NOT NULL) OR (pause_reason IS NULL))))
+);
+
+-- What operators did to destinations (pause, resume, close by hand): who, when, why, and
+-- how many messages it held back or made due. The destination's own row keeps only its
+-- present state.
+CREATE TABLE outbox.destination_actions (
+    id bigint NOT NULL,
+    host text NOT NULL,
+    action text NOT NULL,
+    actor text NOT NULL,
+    reason text,
+    messages bigint,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT destination_actions_action_check CHECK ((action = ANY (ARRAY['paused'::text, 'resumed'::text, 'closed'::text])))
+);
+
+ALTER TABLE outbox.destination_actions ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME outbox.destination_actions_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
 );
 
 CREATE TABLE outbox.messages (
@@ -139,6 +169,9 @@ ALTER TABLE ONLY outbox.endpoints
 ALTER TABLE ONLY outbox.destinations
     ADD CONSTRAINT destinations_pkey PRIMARY KEY (host);
 
+ALTER TABLE ONLY outbox.destination_actions
+    ADD CONSTRAINT destination_actions_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY outbox.messages
     ADD CONSTRAINT messages_message_key_key UNIQUE (message_key);
 
@@ -151,11 +184,17 @@ ALTER TABLE ONLY outbox.messages
 
 CREATE INDEX attempts_message_idx ON outbox.attempts USING btree (message_id, id);
 
+CREATE INDEX destination_actions_host_idx ON outbox.destination_actions USING btree (host, id);
+
 CREATE INDEX messages_cancelled_idx ON outbox.messages USING btree (cancelled_at) WHERE (state = 'cancelled'::text);
 
 CREATE INDEX messages_dead_idx ON outbox.messages USING btree (dead_at) WHERE (state = 'dead'::text);
 
 CREATE INDEX messages_delivered_idx ON outbox.messages USING btree (delivered_at) WHERE (state = 'delivered'::text);
+
+-- The messages waiting for one destination (a pause holds them back, the console counts
+-- them); finished ones are not in it, so the index stays the size of the backlog.
+CREATE INDEX messages_destination_idx ON outbox.messages USING btree (destination, state, run_after) WHERE ((destination IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'held'::text])));
 
 CREATE INDEX messages_due_idx ON outbox.messages USING btree (run_after, id) WHERE (state = 'pending'::text);
 
@@ -203,34 +242,19 @@ $$;
 -- Cancel messages: held, pending or dead → cancelled (terminal: never claimed, replayed or
 -- approved again), a `cancelled` history row carrying the reason in `error`. A running row
 -- is refused (its attempt is under way: wait for its outcome, then cancel a retry), and so
--- is a delivered one (the effect happened). The reason is one line for the history: at most
--- 500 characters, no control characters (the class refused in message keys, which covers
--- line breaks and tabs), not empty (leave it NULL instead). Refused, not escaped, so that
--- what is stored is what the operator typed. The row keeps its error class and last error.
+-- is a delivered one (the effect happened). The reason follows outbox.reason_problem. The
+-- row keeps its error class and last error.
 --   SELECT * FROM outbox.cancel(ARRAY[17], 'customer withdrew the order');
 CREATE FUNCTION outbox.cancel(ids bigint[], reason text DEFAULT NULL::text, actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(id bigint, message_key text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_bad   text;
-    v_wrong text;
+    v_problem text := outbox.reason_problem(reason);
+    v_wrong   text;
 BEGIN
-    IF reason IS NOT NULL THEN
-        IF btrim(reason) = '' THEN
-            RAISE EXCEPTION 'reason must not be empty (leave it out instead); nothing cancelled'
-                USING ERRCODE = '22023', COLUMN = 'reason';
-        END IF;
-        IF char_length(reason) > 500 THEN
-            RAISE EXCEPTION 'reason must be at most 500 characters (got %); nothing cancelled',
-                char_length(reason) USING ERRCODE = '22023', COLUMN = 'reason';
-        END IF;
-        v_bad := substring(reason FROM E'[\\u0001-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]');
-        IF v_bad IS NOT NULL THEN
-            RAISE EXCEPTION 'reason must be one line without control characters (U+% at character %); nothing cancelled',
-                lpad(upper(to_hex(ascii(v_bad))), 4, '0'), strpos(reason, v_bad)
-                USING ERRCODE = '22023', COLUMN = 'reason';
-        END IF;
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%; nothing cancelled', v_problem USING ERRCODE = '22023', COLUMN = 'reason';
     END IF;
 
     PERFORM outbox.lock_named(ids, 'cancelled');
@@ -304,6 +328,23 @@ BEGIN
     RETURNING m.id, m.message_key;
 END
 $$;
+
+-- A destination as an operator writes it (`outboxd destinations --pause HOST`), in the form
+-- outbox.destination_of gives it: lower case, no trailing dot, the port without leading
+-- zeros. NULL when it is no destination: anything but a host (ASCII letters, digits, `.`,
+-- `_`, `-`, or an IPv6 address in brackets) and an optional port up to 65535. The rule is
+-- destination_of's, read through a scheme without a default port, so `:80` and `:443` stay.
+--   SELECT outbox.destination_name('API.example.com:08443');  -- api.example.com:8443
+CREATE FUNCTION outbox.destination_name(host text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+SELECT CASE
+    WHEN host ~ '^[][A-Za-z0-9._:-]+$' AND char_length(host) <= 1000
+         AND coalesce(substring(host FROM ':([0-9]{1,5})$')::int, 0) <= 65535
+    THEN outbox.destination_of('webhook', jsonb_build_object('url', 'name://' || host))
+END
+$_$;
 
 CREATE FUNCTION outbox.destination_of(channel text, payload jsonb) RETURNS text
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -1100,6 +1141,59 @@ BEGIN
 END
 $$;
 
+-- Pause a destination by hand: none of its messages is sent until
+-- outbox.resume_destination, whatever its circuit says (the circuit is kept apart and is as
+-- it was on resume). Its due pending messages are parked: due at its `parked_until`, a
+-- hundred years ahead, no attempt counted, no history row. Workers park the ones that come
+-- due later, or that they claimed before they saw the pause, when they next claim them;
+-- requests already under way finish. `host` as `outboxd destinations` lists it
+-- (outbox.destination_name); one never seen gets its row, so a host may be paused before
+-- its first message. The reason follows outbox.reason_problem. Pausing a paused
+-- destination changes nothing (`paused` false): the first pause's who, when and why stay.
+-- Recorded in outbox.destination_actions with the actor (the caller's role by default).
+--   SELECT * FROM outbox.pause_destination('api.example.com', 'provider incident');
+CREATE FUNCTION outbox.pause_destination(host text, reason text DEFAULT NULL::text, actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(destination text, paused boolean, held_back bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_host    text := outbox.destination_name(pause_destination.host);
+    v_problem text := outbox.reason_problem(reason);
+    v_actor   text := coalesce(actor, session_user::text);
+    v_parked  timestamptz := now() + interval '100 years';
+    v_since   timestamptz;
+    v_moved   bigint;
+BEGIN
+    IF v_host IS NULL THEN
+        RAISE EXCEPTION 'host must be a destination as outboxd destinations lists it: host or host:port (ASCII letters, digits, ".", "_", "-", or an IPv6 address in brackets); nothing paused'
+            USING ERRCODE = '22023', COLUMN = 'host';
+    END IF;
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%; nothing paused', v_problem USING ERRCODE = '22023', COLUMN = 'reason';
+    END IF;
+    INSERT INTO outbox.destinations AS d (host, state) VALUES (v_host, 'closed')
+        ON CONFLICT ON CONSTRAINT destinations_pkey DO NOTHING;
+    SELECT d.paused_at INTO v_since FROM outbox.destinations d WHERE d.host = v_host FOR UPDATE;
+    IF v_since IS NOT NULL THEN
+        RETURN QUERY SELECT v_host, false, 0::bigint;
+        RETURN;
+    END IF;
+    UPDATE outbox.destinations d SET
+        paused_at = now(), paused_by = v_actor, pause_reason = reason,
+        parked_until = v_parked, updated_at = now()
+    WHERE d.host = v_host;
+    WITH moved AS (
+        UPDATE outbox.messages m SET run_after = v_parked, updated_at = now()
+        WHERE m.destination = v_host AND m.state = 'pending' AND m.run_after <= now()
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_moved FROM moved;
+    INSERT INTO outbox.destination_actions (host, action, actor, reason, messages)
+    VALUES (v_host, 'paused', v_actor, reason, v_moved);
+    RETURN QUERY SELECT v_host, true, v_moved;
+END
+$$;
+
 -- Deletes finished messages older than `older_than`, in batches: delivered ones by
 -- `delivered_at`, cancelled ones by `cancelled_at` (finished like a delivered one: it will
 -- never be sent, and its row is only the key's dedup record), and with `include_dead` dead
@@ -1142,6 +1236,36 @@ BEGIN
     )
     SELECT count(*) INTO v_deleted FROM gone;
     RETURN v_deleted;
+END
+$$;
+
+-- An operator's reason (outbox.cancel, outbox.pause_destination), kept for the history:
+-- NULL (none given) or one line of at most 500 characters, no control characters (the class
+-- refused in message keys, which covers line breaks and tabs), not blank (leave it NULL
+-- instead). Refused, not escaped, so that what is stored is what the operator typed.
+-- Returns the problem as one line, or NULL when the reason is fine.
+CREATE FUNCTION outbox.reason_problem(reason text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_bad text;
+BEGIN
+    IF reason IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF btrim(reason) = '' THEN
+        RETURN 'reason must not be empty (leave it out instead)';
+    END IF;
+    IF char_length(reason) > 500 THEN
+        RETURN format('reason must be at most 500 characters (got %s)', char_length(reason));
+    END IF;
+    v_bad := substring(reason FROM E'[\\u0001-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]');
+    IF v_bad IS NOT NULL THEN
+        RETURN format('reason must be one line without control characters (U+%s at character %s)',
+                      lpad(upper(to_hex(ascii(v_bad))), 4, '0'), strpos(reason, v_bad));
+    END IF;
+    RETURN NULL;
 END
 $$;
 
@@ -1307,6 +1431,50 @@ CREATE FUNCTION outbox.request_hash(channel text, payload jsonb) RETURNS bytea
     AS $$
 BEGIN
     RETURN sha256(convert_to(channel || E'\n' || payload::text, 'UTF8'));
+END
+$$;
+
+-- Resume a paused destination: the messages its pause parked are due at once (idle workers
+-- are woken at commit), and its circuit is as it was. Found by their parked time
+-- (messages_due_idx), so one whose destination moved meanwhile (outbox.set_endpoint) comes
+-- back too. P0002 when no destination of that name is known; one that is not paused is left
+-- as it is (`resumed` false). Recorded in outbox.destination_actions with the actor.
+--   SELECT * FROM outbox.resume_destination('api.example.com');
+CREATE FUNCTION outbox.resume_destination(host text, actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(destination text, resumed boolean, due_again bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_host   text := outbox.destination_name(resume_destination.host);
+    v_parked timestamptz;
+    v_moved  bigint;
+BEGIN
+    IF v_host IS NULL THEN
+        RAISE EXCEPTION 'host must be a destination as outboxd destinations lists it: host or host:port (ASCII letters, digits, ".", "_", "-", or an IPv6 address in brackets); nothing resumed'
+            USING ERRCODE = '22023', COLUMN = 'host';
+    END IF;
+    SELECT d.parked_until INTO v_parked FROM outbox.destinations d WHERE d.host = v_host FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no destination % is known; nothing resumed', v_host USING ERRCODE = 'P0002';
+    END IF;
+    IF v_parked IS NULL THEN
+        RETURN QUERY SELECT v_host, false, 0::bigint;
+        RETURN;
+    END IF;
+    UPDATE outbox.destinations d SET
+        paused_at = NULL, paused_by = NULL, pause_reason = NULL, parked_until = NULL,
+        updated_at = now()
+    WHERE d.host = v_host;
+    WITH moved AS (
+        UPDATE outbox.messages m SET run_after = now(), updated_at = now()
+        WHERE m.state = 'pending' AND m.run_after = v_parked
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_moved FROM moved;
+    INSERT INTO outbox.destination_actions (host, action, actor, messages)
+    VALUES (v_host, 'resumed', coalesce(actor, session_user::text), v_moved);
+    PERFORM pg_notify('outbox_messages', '');
+    RETURN QUERY SELECT v_host, true, v_moved;
 END
 $$;
 
@@ -1687,7 +1855,11 @@ REVOKE ALL ON FUNCTION outbox.lookup(message_key text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION outbox.not_in_states(message_ids bigint[], allowed text[]) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION outbox.pause_destination(host text, reason text, actor text) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION outbox.remove_endpoint(name text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION outbox.resume_destination(host text, actor text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION outbox.set_endpoint(name text, url text, auth_header text, auth_secret text, idempotency_header text, key_ttl interval, headers jsonb) FROM PUBLIC;
 

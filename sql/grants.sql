@@ -74,3 +74,11 @@ GRANT EXECUTE ON FUNCTION
     outbox.lock_named(bigint[], text),
     outbox.not_in_states(bigint[], text[])
     TO outbox_worker;
+-- Pausing a destination: the operator CLI and the console pause and resume through these
+-- (they push and bring back the destination's messages with their owner's rights), and
+-- read what operators did to destinations; closing a circuit by hand records it there.
+GRANT EXECUTE ON FUNCTION
+    outbox.pause_destination(text, text, text),
+    outbox.resume_destination(text, text)
+    TO outbox_worker;
+GRANT SELECT, INSERT ON outbox.destination_actions TO outbox_worker;

@@ -34,6 +34,8 @@ pub const MESSAGES_ESTIMATED: &str = "outboxd_messages_estimated";
 pub const OLDEST_DUE: &str = "outboxd_oldest_due_seconds";
 /// Destinations whose circuit breaker is open or half-open (read at scrape time).
 pub const DESTINATIONS_OPEN: &str = "outboxd_destinations_open";
+/// Destinations a person has paused (read at scrape time).
+pub const DESTINATIONS_PAUSED: &str = "outboxd_destinations_paused";
 /// 1 when the last scrape read the counts above from the database, 0 when it could not:
 /// those gauges then keep their last values, which must not pass for a quiet queue.
 pub const DATABASE_UP: &str = "outboxd_database_up";
@@ -123,6 +125,10 @@ pub fn install() -> Result<PrometheusHandle, ConfigError> {
         "Destinations whose circuit breaker is open or half-open."
     );
     metrics::describe_gauge!(
+        DESTINATIONS_PAUSED,
+        "Destinations a person has paused (outboxd destinations --pause)."
+    );
+    metrics::describe_gauge!(
         DATABASE_UP,
         "1 when this scrape read the message counts from the database, 0 when it could not (they keep their last values)."
     );
@@ -192,6 +198,7 @@ async fn metrics_route(State(st): State<AppState>) -> impl IntoResponse {
             }
             metrics::gauge!(OLDEST_DUE).set(s.oldest_due_seconds);
             metrics::gauge!(DESTINATIONS_OPEN).set(s.open_destinations as f64);
+            metrics::gauge!(DESTINATIONS_PAUSED).set(s.paused_destinations as f64);
         }
         Ok(Err(e)) => tracing::warn!(error = %e, "metrics: cannot read message counts"),
         Err(_) => tracing::warn!("metrics: reading message counts timed out"),

@@ -100,15 +100,19 @@ pub enum DeferReason {
     HostBusy,
     /// An earlier message of its ordering group is not finished.
     Ordering,
+    /// A person paused its destination (`outboxd destinations --pause`): parked with the
+    /// destination's backlog until resumed.
+    Paused,
 }
 
 impl DeferReason {
     /// Every reason, for tests and metric descriptions.
-    pub const ALL: [DeferReason; 4] = [
+    pub const ALL: [DeferReason; 5] = [
         DeferReason::Breaker,
         DeferReason::RateLimit,
         DeferReason::HostBusy,
         DeferReason::Ordering,
+        DeferReason::Paused,
     ];
 
     /// The name in logs (`deferred=rate_limit`) and metrics.
@@ -118,6 +122,7 @@ impl DeferReason {
             DeferReason::RateLimit => "rate_limit",
             DeferReason::HostBusy => "host_busy",
             DeferReason::Ordering => "ordering",
+            DeferReason::Paused => "paused",
         }
     }
 }

@@ -63,6 +63,8 @@ pub struct Status {
     pub blocked_groups: i64,
     /// Destinations whose circuit breaker is open or half-open (`outboxd destinations`).
     pub open_destinations: i64,
+    /// Destinations a person has paused (`outboxd destinations --pause`).
+    pub paused_destinations: i64,
     /// The same counts per channel (every channel present, zeros included).
     pub by_channel: BTreeMap<String, Counts>,
     /// The due messages per channel (every channel present, zeros included).
@@ -119,6 +121,8 @@ pub struct BoundedCounts {
     pub oldest_due_seconds: f64,
     /// As in [`Status::open_destinations`].
     pub open_destinations: i64,
+    /// As in [`Status::paused_destinations`].
+    pub paused_destinations: i64,
 }
 
 /// The default cap of [`bounded_counts`]: each state costs at most this many index entries
@@ -148,6 +152,7 @@ pub async fn bounded_counts<C: GenericClient>(
     }
     out.oldest_due_seconds = oldest_due_seconds(client).await?;
     out.open_destinations = open_destinations(client).await?;
+    out.paused_destinations = paused_destinations(client).await?;
     Ok(out)
 }
 
@@ -155,6 +160,14 @@ pub async fn bounded_counts<C: GenericClient>(
 async fn open_destinations<C: GenericClient>(client: &C) -> Result<i64, tokio_postgres::Error> {
     Ok(client
         .query_one(queries::OPEN_DESTINATIONS, &[])
+        .await?
+        .get(0))
+}
+
+/// Destinations paused by a person: read from the same small table.
+async fn paused_destinations<C: GenericClient>(client: &C) -> Result<i64, tokio_postgres::Error> {
+    Ok(client
+        .query_one(queries::PAUSED_DESTINATIONS, &[])
         .await?
         .get(0))
 }
@@ -190,5 +203,6 @@ pub async fn status<C: GenericClient>(client: &C) -> Result<Status, tokio_postgr
         .extend(due_by_channel(client, &[], None).await?);
     st.blocked_groups = client.query_one(queries::BLOCKED_GROUPS, &[]).await?.get(0);
     st.open_destinations = open_destinations(client).await?;
+    st.paused_destinations = paused_destinations(client).await?;
     Ok(st)
 }

@@ -244,6 +244,16 @@ pub struct DestinationsArgs {
     /// once.
     #[arg(long, value_name = "HOST", value_parser = parse_destination)]
     pub close: Option<String>,
+    /// Pause this destination (named as --close does): nothing is sent to it until
+    /// --resume; requests under way finish.
+    #[arg(long, value_name = "HOST", value_parser = parse_destination, conflicts_with_all = ["close", "resume"])]
+    pub pause: Option<String>,
+    /// Why, with --pause: one line, at most 500 characters, kept with the pause.
+    #[arg(long, value_name = "TEXT", requires = "pause")]
+    pub reason: Option<String>,
+    /// Resume a paused destination: its held-back messages are due at once.
+    #[arg(long, value_name = "HOST", value_parser = parse_destination, conflicts_with = "close")]
+    pub resume: Option<String>,
 }
 
 /// A destination as `outbox.destination_of` writes it: lower-cased, at most 1000

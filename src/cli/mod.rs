@@ -2,8 +2,8 @@
 //! approve | cancel | confirm | purge | console | destinations | endpoint`.
 //!
 //! [`dispatch`] is what `main` calls. The clap definitions are in `args`, the daemon in
-//! `run`, `enqueue` in its namesake, the operator commands in `ops`, `endpoint` in its
-//! namesake; settings are assembled
+//! `run`, `enqueue` in its namesake, the operator commands in `ops`, `endpoint` and
+//! `destinations` in their namesakes; settings are assembled
 //! and validated by [`crate::config::assemble`], which this module feeds.
 //!
 //! Flags also read `OUTBOXD_<FLAG>` (a flag beats the variable). A variable that is set to
@@ -38,6 +38,7 @@ pub fn say(line: std::fmt::Arguments<'_>) {
 
 mod args;
 mod console;
+mod destinations;
 mod endpoint;
 mod enqueue;
 mod ops;
@@ -232,7 +233,7 @@ pub async fn dispatch(cli: Cli, env: Env) -> Result<(), CliError> {
         }
         Command::Purge(args) => ops::purge(args, &env).await,
         Command::Console(args) => console::console(args, &env).await,
-        Command::Destinations(args) => ops::destinations(args, &env).await,
+        Command::Destinations(args) => destinations::destinations(args, &env).await,
         Command::Endpoint(args) => endpoint::endpoint(args, &env).await,
     }
 }

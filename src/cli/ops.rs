@@ -1,9 +1,9 @@
 //! The operator commands: `migrate`, `status`, `dead`, `held`, `show`, `replay`, `approve`,
-//! `cancel`, `confirm`, `purge`.
+//! `cancel`, `confirm`, `purge` (`destinations` has a room of its own).
 
 use super::{
-    CliError, DeadArgs, DestinationsArgs, Env, HeldArgs, MigrateArgs, PurgeArgs, ReplayArgs,
-    ShowArgs, StatusArgs, connect, db_failed, esc, json_out, print_table, runtime,
+    CliError, DeadArgs, Env, HeldArgs, MigrateArgs, PurgeArgs, ReplayArgs, ShowArgs, StatusArgs,
+    connect, db_failed, esc, json_out, print_table, runtime,
 };
 use crate::model::ConfigError;
 use crate::ops::{
@@ -14,7 +14,7 @@ use crate::ops::{
 /// Who an operator action is recorded as (`attempts.worker`): `cli:<login>`, or
 /// `cli:operator` when `USER` is not set. A `USER` that is not UTF-8 is refused rather than
 /// recorded as `operator`: the history would name nobody for an action somebody took.
-fn operator() -> Result<String, CliError> {
+pub(super) fn operator() -> Result<String, CliError> {
     let user = crate::support::env_var("USER").map_err(ConfigError::from)?;
     Ok(format!("cli:{}", user.unwrap_or_else(|| "operator".into())))
 }
@@ -83,6 +83,10 @@ pub(super) async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> 
     out!(
         "open destinations: {} (outboxd destinations lists them)",
         st.open_destinations
+    );
+    out!(
+        "paused destinations: {} (nothing is sent to them until resumed)",
+        st.paused_destinations
     );
     Ok(())
 }
@@ -413,69 +417,5 @@ pub(super) async fn purge(args: PurgeArgs, env: &Env) -> Result<(), CliError> {
     .await
     .map_err(|e| db_failed("purge failed", &e))?;
     out!("purged {total} message(s)");
-    Ok(())
-}
-
-/// `destinations`: the hosts whose breaker is not simply closed; `--close HOST` closes one.
-pub(super) async fn destinations(args: DestinationsArgs, env: &Env) -> Result<(), CliError> {
-    // `--close` changes a breaker and prints a line, `--json` lists: one or the other.
-    if args.close.is_some() && args.json {
-        return Err(ConfigError(
-            "--close and --json do not go together (--close closes a breaker and prints one line)"
-                .into(),
-        )
-        .into());
-    }
-    let client = connect(env).await?;
-    if let Some(host) = &args.close {
-        // The name as given, and for a host named without its port (the contract's
-        // `--close HOST`) every destination of that host on another port too: breakers
-        // are kept per host and port, and a row of the bare host, from a default port,
-        // may well be closed already.
-        let named = crate::ops::destinations_of_host(&client, host)
-            .await
-            .map_err(|e| db_failed("closing the destination failed", &e))?;
-        let mut known = false;
-        for name in std::iter::once(host).chain(&named) {
-            // A port's row gone meanwhile (closed by another operator and forgotten):
-            // nothing to do.
-            let closed = crate::ops::close_destination(&client, name)
-                .await
-                .map_err(|e| db_failed("closing the destination failed", &e))?;
-            if let Some(n) = closed {
-                known = true;
-                out!("closed {}: {n} held-back messages due again", esc(name));
-            }
-        }
-        if !known {
-            return Err(CliError::Refused(format!(
-                "no destination {} is known (outboxd destinations lists them)",
-                esc(host)
-            )));
-        }
-        return Ok(());
-    }
-    let rows = crate::ops::destinations(&client)
-        .await
-        .map_err(|e| db_failed("listing destinations failed", &e))?;
-    if args.json {
-        return json_out(&rows);
-    }
-    if rows.is_empty() {
-        out!("no destination is open or failing");
-        return Ok(());
-    }
-    let table: Vec<Vec<String>> = rows
-        .iter()
-        .map(|d| {
-            vec![
-                esc(&d.host),
-                d.state.clone(),
-                d.consecutive_failures.to_string(),
-                d.open_until.clone().unwrap_or_else(|| "-".into()),
-            ]
-        })
-        .collect();
-    print_table(&["destination", "state", "failures", "open_until"], &table);
     Ok(())
 }

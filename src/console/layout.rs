@@ -29,6 +29,7 @@ pub(crate) fn page(title: &str, signed: Option<&Signed>, body: Markup) -> Html<S
                             a href="/held" { "Held" }
                             a href="/messages" { "Messages" }
                             a href="/endpoints" { "Endpoints" }
+                            a href="/destinations" { "Destinations" }
                         }
                         form action="/lookup" method="get" role="search" {
                             input type="search" name="q" placeholder="id or key" aria-label="id or key" maxlength="255";

@@ -5,10 +5,12 @@
 //! `confirm`) and below `cli` (which parses its flags). The pages live beside this file:
 //! `layout` (the frame every page shares, the error page), `auth` (sessions, tokens,
 //! CSRF, the rate limit, the guard), `signin` (the sign-in page and its form), `overview`
-//! (counts and the chart), `dead`, `held`, `message` (one message, and lookup) and
+//! (counts and the chart), `dead`, `held`, `message` (one message, and lookup),
 //! `action` (the confirmation step and the change); `messages` (every message, filtered
-//! and paged by id), `endpoints` (the http channel's endpoints, names of secrets only) and
-//! `time` (the one formatter of times, relative to the database's clock).
+//! and paged by id), `endpoints` (the http channel's endpoints, names of secrets only),
+//! `destinations` (what waits for each destination; pause, resume, close, with their own
+//! confirmation step) and `time` (the one formatter of times, relative to the database's
+//! clock).
 //!
 //! Security, in one place so that it can be checked in one place:
 //! * no page without a session; sign-in with `OUTBOXD_CONSOLE_TOKEN` (compared in constant
@@ -33,6 +35,7 @@
 mod action;
 mod auth;
 mod dead;
+mod destinations;
 mod held;
 mod layout;
 mod message;
@@ -161,6 +164,11 @@ fn router(app: Shared) -> axum::Router {
         .route("/messages/{id}", get(message::page))
         .route("/endpoints", get(endpoints::page))
         .route("/action", post(action::post))
+        .route("/destinations", get(destinations::list))
+        .route(
+            "/destinations/{host}",
+            get(destinations::page).post(destinations::post),
+        )
         .route("/signin", get(signin::signin_page).post(signin::signin))
         .route("/signout", post(auth::signout))
         .route("/style.css", get(stylesheet))

@@ -82,6 +82,7 @@ pub(crate) async fn page(State(app): State<Shared>, signed: Signed) -> Result<Re
                 }
                 p.muted { "Close one by hand: " code { "outboxd destinations --close HOST" } }
             }
+            p { a href="/destinations" id="all-destinations" { "All destinations, what waits for each, pause and resume" } }
         }
         section.chart {
             h2 { "Deliveries and failures per minute, last hour" }

@@ -8,8 +8,9 @@
 //!
 //! One room per concern: `dead` letters, `held` messages, one message's story (`show`),
 //! `replay`, the `checkpoint`s and the `seen`-state check they and replay share, `purge`,
-//! the breakers' `destinations`, the http channel's `endpoints`, and the console's
-//! `activity` chart and its listing of every message (`messages`). This file names
+//! the `destinations` (listing, pause, resume, close), the http channel's `endpoints`, and
+//! the console's `activity` chart, its listing of every message (`messages`) and its
+//! destination pages (`waiting`). This file names
 //! messages ([`Target`], [`resolve`]) and holds the timestamp helpers they all print with.
 
 use tokio_postgres::GenericClient;
@@ -28,6 +29,7 @@ mod purge;
 mod replay;
 mod seen;
 mod show;
+mod waiting;
 
 pub use activity::{MinuteCount, attempts_per_minute};
 pub use checkpoint::{
@@ -35,7 +37,8 @@ pub use checkpoint::{
 };
 pub use dead::{DeadFilter, DeadLetter, dead_ids, dead_letters, dead_letters_page};
 pub use destinations::{
-    Destination, close_destination, destinations, destinations_of_host, restore_backlog,
+    Destination, PauseChange, PauseError, close_destination, destinations, destinations_of_host,
+    pause_destination, restore_backlog, resume_destination,
 };
 pub use endpoints::{
     Endpoint, EndpointError, EndpointSet, EndpointSpec, endpoints, remove_endpoint, set_endpoint,
@@ -49,6 +52,10 @@ pub use purge::{purge, purge_batch};
 pub use replay::{ReplayError, ReplaySelection, replay, replay_as_seen, replay_forced};
 pub use seen::{Seen, states_of};
 pub use show::{AttemptRecord, MessageDetail, NextStep, next_steps, redact_payload, show};
+pub use waiting::{
+    DestinationAction, DestinationWaiting, OUTCOMES_LOOKED_AT, RecentAttempt, WAITING_CAP,
+    destination_actions, destination_outcomes, destinations_waiting,
+};
 
 /// A message named on the command line: digits only is an id, anything else a key.
 #[derive(Debug, Clone, PartialEq, Eq)]

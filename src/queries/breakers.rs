@@ -164,23 +164,33 @@ WHERE host = $1::text
 RETURNING host
 "#;
 
-/// `outboxd destinations`: hosts open, half-open or failing, open ones first.
+/// `outboxd destinations`: hosts paused, open, half-open or failing; paused ones first, then
+/// open ones. `host, state, consecutive_failures, open_until, paused_at, paused_by,
+/// pause_reason`.
 pub const DESTINATIONS_LIST: &str = r#"
-SELECT host, state, consecutive_failures, open_until
+SELECT host, state, consecutive_failures, open_until, paused_at, paused_by, pause_reason
 FROM outbox.destinations
-WHERE state <> 'closed' OR consecutive_failures > 0
-ORDER BY state = 'closed', host
+WHERE state <> 'closed' OR consecutive_failures > 0 OR paused_at IS NOT NULL
+ORDER BY paused_at IS NULL, state = 'closed', host
 "#;
 
-/// `outboxd destinations --close HOST`: closes host `$1` by hand. Returns the push time to
-/// bring back (`deferred_until`, possibly NULL); no row when the host is unknown.
+/// `outboxd destinations --close HOST`: closes host `$1` by hand, recorded in
+/// `outbox.destination_actions` as done by `$2`. Returns the push time to bring back
+/// (`deferred_until`, possibly NULL); no row when the host is unknown. A pause is left as
+/// it is.
 pub const DESTINATION_CLOSE: &str = r#"
-WITH o AS (SELECT host, deferred_until FROM outbox.destinations WHERE host = $1::text FOR UPDATE)
-UPDATE outbox.destinations d SET
-    state = 'closed', consecutive_failures = 0, open_until = NULL, probe_until = NULL,
-    deferred_until = NULL, updated_at = now()
-FROM o WHERE d.host = o.host
-RETURNING o.deferred_until
+WITH o AS (SELECT host, deferred_until FROM outbox.destinations WHERE host = $1::text FOR UPDATE),
+closed AS (
+    UPDATE outbox.destinations d SET
+        state = 'closed', consecutive_failures = 0, open_until = NULL, probe_until = NULL,
+        deferred_until = NULL, updated_at = now()
+    FROM o WHERE d.host = o.host
+    RETURNING o.host, o.deferred_until
+), recorded AS (
+    INSERT INTO outbox.destination_actions (host, action, actor)
+    SELECT host, 'closed', $2::text FROM closed
+)
+SELECT deferred_until FROM closed
 "#;
 
 /// `destinations --close HOST` given a host without a port: the destinations of that host

@@ -319,7 +319,10 @@ RETURNING m.id
 "#;
 
 /// Is there anything left for these channels (`$1`)? True while any message is `pending`
-/// (due or not) or `running`: what `--drain` waits for.
+/// (due or not) or `running`: what `--drain` waits for. A message held back by a paused
+/// destination waits for a person, as a held one does, and is not waited for: it is due at
+/// its destination's `parked_until`, a century after the pause, and nothing else is due
+/// that late.
 ///
 /// One ordered `LIMIT 1` per state, so each is answered from the first entry of that
 /// state's partial index (`messages_due_idx`, `messages_lease_idx`). (A plain `EXISTS` lets
@@ -328,6 +331,8 @@ RETURNING m.id
 pub const HAS_UNFINISHED: &str = r#"
 SELECT (SELECT id FROM outbox.messages
         WHERE state = 'pending' AND channel = ANY($1::text[])
+          AND NOT coalesce(run_after >= (SELECT min(d.parked_until) FROM outbox.destinations d
+                                         WHERE d.paused_at IS NOT NULL), false)
         ORDER BY run_after, id LIMIT 1) IS NOT NULL
     OR (SELECT id FROM outbox.messages
         WHERE state = 'running' AND channel = ANY($1::text[])

@@ -8,12 +8,14 @@
 //! One room per user of the statements: `connection` (set-up, checks, wake-ups), `lease`,
 //! `enqueue` (the application's), `migrate`, `status`, `ops` (operators and the console),
 //! `endpoints` (the operators' endpoint commands and the worker's reading of the table),
-//! `breakers` and `console` (the console's listing of every message). Each re-exported
-//! here, so a statement is `queries::NAME` wherever it lives.
+//! `breakers`, `destinations` (pauses, and the console's destination pages) and `console`
+//! (the console's listing of every message). Each re-exported here, so a statement is
+//! `queries::NAME` wherever it lives.
 
 mod breakers;
 mod connection;
 mod console;
+mod destinations;
 mod endpoints;
 mod enqueue;
 mod lease;
@@ -24,6 +26,7 @@ mod status;
 pub use breakers::*;
 pub use connection::*;
 pub use console::*;
+pub use destinations::*;
 pub use endpoints::*;
 pub use enqueue::*;
 pub use lease::*;

@@ -156,6 +156,10 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Job, claimed_at: In
     // A breaker that opened while this row waited for its slot stops it here. Asked first,
     // so that the lease check below counts the time it may wait for a failure's record.
     if let Some(host) = msg.destination.as_deref() {
+        // A pause seen since the claim: parked with its destination's backlog.
+        if shared.pauses.holds(host) {
+            return Done::deferred(msg.msg, DeferReason::Paused, Duration::ZERO);
+        }
         if let Some(delay) = shared.breakers.recheck(msg.id, host).await {
             return Done::deferred(msg.msg, DeferReason::Breaker, delay);
         }
@@ -200,6 +204,14 @@ pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Job, claimed_at: In
     } else {
         msg.destination.as_deref()
     };
+    // A lookup at a paused host is not sent either; its message asks again later.
+    if looks_up && first.is_some_and(|h| shared.pauses.holds(h)) {
+        return Done::deferred(
+            msg.msg,
+            DeferReason::Paused,
+            super::pauses::LOOKUP_PAUSED_WAIT,
+        );
+    }
     let permit = match shared.gates.admit(first) {
         Admission::Go(permit) => permit,
         Admission::Defer(reason, delay) => return Done::deferred(msg.msg, reason, delay),

@@ -292,6 +292,10 @@ impl ClaimLoop {
             let s = shared.clone();
             tokio::spawn(async move { s.breakers.run_refresh(&s.pools.general).await });
         }
+        if shared.pauses.begin_refresh(cfg.poll_interval) {
+            let s = shared.clone();
+            tokio::spawn(async move { s.pauses.run_refresh(&s.pools.general).await });
+        }
         if self.plans_made.elapsed() >= super::PLAN_REFRESH {
             shared.pools.refresh_plans();
             self.plans_made = Instant::now();
@@ -404,18 +408,26 @@ impl ClaimLoop {
         let picked = batch.len();
         crate::metrics::claim_batch(picked);
         for msg in batch {
-            // An open circuit: the row goes back unsent and uncounted, without a task
-            // (the delivery task never touches the database).
+            // A paused destination or an open circuit: the row goes back unsent and
+            // uncounted, without a task (the delivery task never touches the database).
+            // The pause is asked first: a paused host takes no probe.
             if let Some(host) = &msg.destination {
-                if let Gate::Defer(delay) = shared
+                let held = if shared.pauses.holds(host) {
+                    Some((DeferReason::Paused, Duration::ZERO))
+                } else if let Gate::Defer(delay) = shared
                     .breakers
                     .gate(&shared.pools.general, msg.id, msg.lease_token, host)
                     .await
                 {
+                    Some((DeferReason::Breaker, delay))
+                } else {
+                    None
+                };
+                if let Some((reason, delay)) = held {
                     shared.inflight.fetch_add(1, Ordering::SeqCst);
                     let _ = self
                         .done_tx
-                        .send(Done::deferred(msg.msg, DeferReason::Breaker, delay))
+                        .send(Done::deferred(msg.msg, reason, delay))
                         .await;
                     continue;
                 }

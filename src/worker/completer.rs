@@ -15,7 +15,7 @@ use super::db_call::{Backoff, bounded, checkout};
 use super::{ALARM_MARGIN, Shared};
 use crate::claim::{self, Completion};
 use crate::model::{AttemptOutcome, ErrorClass};
-use crate::state::Transition;
+use crate::state::{DeferReason, Transition};
 use crate::support::lock;
 
 /// Runs a database write (`$op`, an expression using `$client`, a connection of `$pool`)
@@ -202,6 +202,31 @@ async fn aside(
                     );
                 }
                 lock(&shared.summary).released += ids.len() as u64;
+            }
+        }
+        // A pause parks its rows with the destination's backlog; the others are due after
+        // their delay.
+        let (parked, deferrals): (Vec<Deferred>, Vec<Deferred>) = deferrals
+            .into_iter()
+            .partition(|d| d.deferral.reason == DeferReason::Paused);
+        if !parked.is_empty() {
+            let rows: Vec<_> = parked
+                .iter()
+                .map(|d| (d.id, d.lease_token, d.deferral.delay))
+                .collect();
+            let done = retry_db!(
+                shared.pools.general,
+                hard_stop,
+                "parking messages of paused destinations",
+                |client| { super::pauses::park(&***client, &rows) }
+            );
+            if let Some(ids) = done {
+                // A row whose destination was resumed meanwhile is due after its delay.
+                let now = std::time::Instant::now();
+                for d in &parked {
+                    shared.alarm(now + d.deferral.delay + ALARM_MARGIN);
+                }
+                log_deferrals(&shared, &parked, &ids);
             }
         }
         if !deferrals.is_empty() {

@@ -27,7 +27,8 @@
 //! task), `completer` (batched writes and the attempt log), `wakeup` (LISTEN and the idle
 //! mark), `db_call` (bounded database calls, back-off), `pools` (which connections run
 //! which statements, and with what settings), `sweep` (expired leases, beside the loop),
-//! `alarms` (when deferred messages come due), `endpoints` (the http channel's table,
+//! `alarms` (when deferred messages come due), `pauses` (destinations a person paused,
+//! read every poll interval), `endpoints` (the http channel's table,
 //! read every few seconds) and [`maintenance`] (retention, beside the loop).
 //!
 //! Database errors anywhere are logged and retried with back-off; nothing is dropped.
@@ -46,6 +47,7 @@ mod endpoints;
 mod lane;
 pub mod maintenance;
 mod pace;
+mod pauses;
 mod pools;
 mod sweep;
 mod wakeup;
@@ -121,6 +123,8 @@ struct Shared {
     alarms: alarms::Alarms,
     /// Circuit breakers per destination (`--breaker-threshold`), shared through the database.
     breakers: breakers::Breakers,
+    /// Destinations a person paused, as last read from the database.
+    pauses: pauses::Pauses,
     /// How long a delivery task holds its slot, on average: how many rows the claim loop
     /// claims ahead follows it ([`pace`]).
     slot_time: pace::Ewma,
@@ -179,6 +183,7 @@ impl Worker {
                 stopping: CancellationToken::new(),
                 summary: Mutex::new(RunSummary::default()),
                 breakers,
+                pauses: pauses::Pauses::default(),
                 slot_time: pace::Ewma::default(),
             }),
             listen,
@@ -255,6 +260,7 @@ impl Worker {
             .breakers
             .refresh(&shared.pools.general, Duration::ZERO)
             .await;
+        shared.pauses.refresh(&shared.pools.general).await;
         let sweep_stop = CancellationToken::new();
         let mut sweep = tokio::spawn(sweep::expired_leases(shared.clone(), sweep_stop.clone()));
         let mut claims = ClaimLoop::new(shared.clone(), done_tx, idle_tx);

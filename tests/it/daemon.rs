@@ -212,6 +212,10 @@ async fn metrics_health_and_json_logs() {
     )
     .await
     .unwrap();
+    // A destination paused by hand, its circuit closed: paused, not open.
+    c.batch_execute("SELECT outbox.pause_destination('paused.example', 'incident')")
+        .await
+        .unwrap();
     let (status, body) = http_get(&addr, "/healthz").await.expect("healthz answers");
     assert_eq!(status, 200, "{body}");
     let (status, text) = http_get(&addr, "/metrics").await.expect("metrics answers");
@@ -237,6 +241,7 @@ async fn metrics_health_and_json_logs() {
         "{text}"
     );
     assert_eq!(value("outboxd_destinations_open"), Some(1.0), "{text}");
+    assert_eq!(value("outboxd_destinations_paused"), Some(1.0), "{text}");
     assert_eq!(
         value("outboxd_messages{state=\"delivered\"}"),
         Some(2.0),

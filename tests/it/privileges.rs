@@ -517,3 +517,66 @@ async fn the_application_role_enqueues_with_ordering_keys() {
     let keys: Vec<&str> = got.iter().map(|m| m.key.as_str()).collect();
     assert_eq!(keys, ["o:rust"], "one of the group, the first enqueued");
 }
+
+/// The worker (operator) role pauses, resumes and closes destinations and reads what the
+/// console shows of them; a pause from psql is recorded as the login that made it, not as
+/// the functions' owner. The application role may do none of it.
+#[tokio::test]
+async fn the_worker_role_pauses_and_resumes_destinations_and_the_application_role_cannot() {
+    let db = TestDb::new().await;
+    let (_roles, app, worker) = setup(&db).await;
+    enqueue_webhook(&db, "d:1", "https://api.example.com/hooks", 3, true).await;
+    let wc = connect(&worker).await;
+    let paused = outboxd::ops::pause_destination(&wc, "api.example.com", Some("incident"), "ops")
+        .await
+        .unwrap();
+    assert_eq!((paused.changed, paused.messages), (true, 1));
+    let listed = outboxd::ops::destinations(&wc).await.unwrap();
+    assert_eq!(listed[0].state, "paused");
+    assert_eq!(listed[0].paused_by.as_deref(), Some("ops"));
+    assert_eq!(
+        outboxd::ops::close_destination(&wc, "api.example.com", "ops")
+            .await
+            .unwrap(),
+        Some(0)
+    );
+    let waiting = outboxd::ops::destinations_waiting(&wc, 10, None)
+        .await
+        .unwrap();
+    assert_eq!(waiting[0].parked, 1);
+    outboxd::ops::destination_outcomes(&wc, "api.example.com", 5)
+        .await
+        .unwrap();
+    let actions = outboxd::ops::destination_actions(&wc, "api.example.com", 5)
+        .await
+        .unwrap();
+    assert_eq!(actions.len(), 2, "paused, closed");
+    let resumed = outboxd::ops::resume_destination(&wc, "api.example.com", "ops")
+        .await
+        .unwrap();
+    assert_eq!((resumed.changed, resumed.messages), (true, 1));
+    // From psql, with the actor left to its default: the caller's login.
+    wc.batch_execute("SELECT * FROM outbox.pause_destination('b.example')")
+        .await
+        .unwrap();
+    let by: String = wc
+        .query_one(
+            "SELECT paused_by FROM outbox.destinations WHERE host = 'b.example'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(by, worker.get_user().unwrap());
+
+    let ac = connect(&app).await;
+    for sql in [
+        "SELECT * FROM outbox.pause_destination('c.example')",
+        "SELECT * FROM outbox.resume_destination('b.example')",
+        "UPDATE outbox.destinations SET paused_at = NULL",
+        "SELECT * FROM outbox.destination_actions",
+    ] {
+        let e = ac.batch_execute(sql).await.unwrap_err();
+        assert!(denied(&e), "{sql}: {e}");
+    }
+}
