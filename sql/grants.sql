@@ -74,3 +74,6 @@ GRANT EXECUTE ON FUNCTION
     outbox.lock_named(bigint[], text),
     outbox.not_in_states(bigint[], text[])
     TO outbox_worker;
+-- The backlog samples: every worker records one row a minute and deletes those older than
+-- a day; the console reads them.
+GRANT SELECT, INSERT, DELETE ON outbox.backlog_samples TO outbox_worker;

@@ -6,7 +6,8 @@
 //! `layout` (the frame every page shares, the error page), `auth` (sessions, tokens,
 //! CSRF, the rate limit, the guard), `signin` (the sign-in page and its form), `overview`
 //! (counts and the chart), `dead`, `held`, `message` (one message, and lookup) and
-//! `action` (the confirmation step and the change).
+//! `action` (the confirmation step and the change); `charts` draws the overview's latency
+//! and backlog charts.
 //!
 //! Security, in one place so that it can be checked in one place:
 //! * no page without a session; sign-in with `OUTBOXD_CONSOLE_TOKEN` (compared in constant
@@ -30,6 +31,7 @@
 
 mod action;
 mod auth;
+mod charts;
 mod dead;
 mod held;
 mod layout;

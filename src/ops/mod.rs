@@ -28,7 +28,10 @@ mod replay;
 mod seen;
 mod show;
 
-pub use activity::{MinuteCount, attempts_per_minute};
+pub use activity::{
+    Activity, BacklogMinute, BacklogSample, MinuteCount, MinuteLatency, Percentiles,
+    activity_per_minute, backlog_per_minute, sample_backlog,
+};
 pub use checkpoint::{Checkpoint, CheckpointError, checkpoint, checkpoint_as_seen};
 pub use dead::{DeadFilter, DeadLetter, dead_ids, dead_letters, dead_letters_page};
 pub use destinations::{
