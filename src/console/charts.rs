@@ -10,7 +10,7 @@
 
 use maud::{Markup, html};
 
-use crate::ops::{BacklogMinute, MinuteLatency, Percentiles};
+use crate::ops::{BacklogMinute, BacklogSample, MinuteLatency, Percentiles};
 
 /// The picture's size in SVG units (it scales to the page's width).
 const W: f64 = 720.0;
@@ -158,7 +158,7 @@ pub(crate) fn backlog(minutes: &[BacklogMinute]) -> Markup {
                     title: format!(
                         "{when}: oldest due {}, {} due",
                         seconds_text(s.oldest_due_seconds),
-                        due_text(s.due)
+                        due_text(&s)
                     ),
                 },
                 None => Bar {
@@ -180,13 +180,13 @@ pub(crate) fn backlog(minutes: &[BacklogMinute]) -> Markup {
     }
 }
 
-/// A count of due messages as a sample holds it: counted up to the cap, so the cap itself
+/// A count of due messages as a sample holds it: counted up to a cap, so the cap itself
 /// reads "at least".
-fn due_text(due: i64) -> String {
-    if due >= crate::queries::BACKLOG_COUNT_CAP {
-        format!("at least {due}")
+fn due_text(s: &BacklogSample) -> String {
+    if s.capped {
+        format!("at least {}", s.due)
     } else {
-        due.to_string()
+        s.due.to_string()
     }
 }
 
@@ -225,7 +225,6 @@ pub(crate) fn minute_label(unix: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::BacklogSample;
 
     const T0: i64 = 1_700_000_000 - 1_700_000_000 % 60;
 
@@ -253,8 +252,9 @@ mod tests {
             .skip(1)
             .filter(|r| r.starts_with(&format!("class=\"{class}\"")))
             .map(|r| {
-                let h = r.split("height=\"").nth(1).unwrap();
-                h[..h.find('"').unwrap()].parse().unwrap()
+                let h = r.split("height=\"").nth(1).expect("a rect has a height");
+                let end = h.find('"').expect("a quoted height");
+                h[..end].parse().expect("a height is a number")
             })
             .collect()
     }
@@ -334,6 +334,7 @@ mod tests {
                 minute: T0 + i * 60,
                 sample: (i >= 30).then_some(BacklogSample {
                     due: if i == 59 { 100_000 } else { 3 },
+                    capped: i == 59,
                     oldest_due_seconds: if i == 59 { 7200.0 } else { 0.0 },
                 }),
             })

@@ -301,7 +301,7 @@ mod tests {
             "refresh=%3Cscript%3E",
             "refresh=99999999999999999999999",
         ] {
-            let e = refresh_of(bad).unwrap_err();
+            let e = refresh_of(bad).expect_err(bad);
             assert!(e.contains("refresh must be 10, 30 or 60"), "{bad}: {e}");
             // One line; the page's template escapes the markup.
             assert!(!e.contains('\r') && !e.contains('\n'), "{bad}: {e}");

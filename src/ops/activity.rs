@@ -89,6 +89,8 @@ fn percentiles(p50: Option<f64>, p99: Option<f64>) -> Option<Percentiles> {
 pub struct BacklogSample {
     /// Messages due then, counted up to [`queries::BACKLOG_COUNT_CAP`].
     pub due: i64,
+    /// The count stopped at the cap: at least `due` were due.
+    pub capped: bool,
     /// How long the oldest of them had been due, in seconds; 0 when none was.
     pub oldest_due_seconds: f64,
 }
@@ -119,6 +121,7 @@ pub async fn backlog_per_minute<C: GenericClient>(
                     .zip(oldest)
                     .map(|(due, oldest_due_seconds)| BacklogSample {
                         due,
+                        capped: due >= queries::BACKLOG_COUNT_CAP,
                         oldest_due_seconds,
                     }),
             }

@@ -191,8 +191,8 @@ WHERE state = 'held'
 /// of traffic (a page view, not a scrape), and the last hour of `messages_delivered_idx`.
 pub const ACTIVITY_PER_MINUTE: &str = r#"
 WITH m AS (
-    SELECT generate_series(date_trunc('minute', now(), 'UTC') - interval '59 minutes',
-                           date_trunc('minute', now(), 'UTC'), interval '1 minute') AS minute
+    SELECT date_trunc('minute', now(), 'UTC') - (59 - i) * interval '1 minute' AS minute
+    FROM generate_series(0, 59) i
 ), a AS (
     SELECT date_trunc('minute', finished_at, 'UTC') AS minute,
            count(*) FILTER (WHERE outcome = 'delivered')::bigint AS delivered,
@@ -227,8 +227,8 @@ ORDER BY m.minute
 /// of the table's primary key.
 pub const BACKLOG_PER_MINUTE: &str = r#"
 WITH m AS (
-    SELECT generate_series(date_trunc('minute', now(), 'UTC') - interval '59 minutes',
-                           date_trunc('minute', now(), 'UTC'), interval '1 minute') AS minute
+    SELECT date_trunc('minute', now(), 'UTC') - (59 - i) * interval '1 minute' AS minute
+    FROM generate_series(0, 59) i
 )
 SELECT extract(epoch FROM m.minute)::float8 AS minute, s.due, s.oldest_due_seconds
 FROM m LEFT JOIN outbox.backlog_samples s ON s.minute = m.minute
