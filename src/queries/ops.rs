@@ -223,8 +223,8 @@ ORDER BY m.minute
 /// Console chart: the backlog per minute over the last hour, as the daemon sampled it
 /// (`outbox.backlog_samples`, written by the workers' backlog sampler). Always 60 rows,
 /// oldest first: `minute` (unix seconds of the minute's start, UTC), `due` and
-/// `oldest_due_seconds`, both NULL for a minute no worker sampled. Reads at most 60 rows
-/// of the table's primary key.
+/// `oldest_due_seconds`, both NULL for a minute no worker sampled. Reads a table of at most
+/// 1 441 rows (a day of minutes).
 pub const BACKLOG_PER_MINUTE: &str = r#"
 WITH m AS (
     SELECT date_trunc('minute', now(), 'UTC') - (59 - i) * interval '1 minute' AS minute

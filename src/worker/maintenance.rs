@@ -220,8 +220,8 @@ pub const BACKLOG_SAMPLE_EVERY: Duration = Duration::from_secs(30);
 /// seconds (6.5 s on a busy two-core machine) with 100 000 waiting and 100 000 delivered
 /// messages, where reading 60 samples takes milliseconds. A sample costs one statement per
 /// worker per look ([`crate::queries::BACKLOG_SAMPLE`]: the first look of a minute counts
-/// up to 100 000 entries of the due index, tens of milliseconds at most; the others probe
-/// the primary key) and one row per minute, kept for a day. A minute no worker ran in has
+/// up to 100 000 entries of the due index, tens of milliseconds under a deep backlog; the
+/// others probe the primary key) and one row per minute, kept for a day. A minute no worker ran in has
 /// no sample, and the chart shows the gap.
 pub async fn backlog_sampler(pool: Pool, every: Duration, stop: CancellationToken) {
     let mut failing = false;
