@@ -24,7 +24,8 @@ CREATE TABLE IF NOT EXISTS outbox.schema_migrations (
 
 -- ======================================================================================
 -- Tables: messages (one row per intended side effect), attempts (its history),
--- destinations (circuit breakers shared by every worker)
+-- destinations (circuit breakers shared by every worker), backlog_samples (the backlog,
+-- minute by minute)
 -- ======================================================================================
 
 CREATE TABLE outbox.attempts (
@@ -158,6 +159,24 @@ ALTER TABLE outbox.messages ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+-- The backlog as the daemon saw it, one row per minute (the console's backlog chart): how
+-- many messages were due (pending, run_after passed; counted up to 100 000) and how long
+-- the oldest of them had been due, sampled at some moment of the minute by whichever
+-- worker came first. A minute without a row had no worker running. Rows older than a day
+-- are deleted by the statement that adds one, so the table holds at most 1 441 rows.
+-- Reconstructing the same figures from outbox.messages afterwards is both dearer (a join
+-- of every minute with every message that waited in the hour) and wrong (a retry
+-- overwrites run_after, and a held or deferred message leaves no trace of its waits).
+CREATE TABLE outbox.backlog_samples (
+    minute timestamp with time zone PRIMARY KEY,
+    due bigint NOT NULL,
+    oldest_due_seconds double precision NOT NULL,
+    sampled_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT backlog_samples_minute_check CHECK ((minute = date_trunc('minute'::text, minute, 'UTC'::text))),
+    CONSTRAINT backlog_samples_due_check CHECK ((due >= 0)),
+    CONSTRAINT backlog_samples_oldest_check CHECK ((oldest_due_seconds >= (0)::double precision))
 );
 
 ALTER TABLE ONLY outbox.attempts

@@ -82,3 +82,6 @@ GRANT EXECUTE ON FUNCTION
     outbox.resume_destination(text, text)
     TO outbox_worker;
 GRANT SELECT, INSERT ON outbox.destination_actions TO outbox_worker;
+-- The backlog samples: every worker records one row a minute and deletes those older than
+-- a day; the console reads them.
+GRANT SELECT, INSERT, DELETE ON outbox.backlog_samples TO outbox_worker;

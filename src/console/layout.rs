@@ -10,12 +10,26 @@ use super::auth::Signed;
 
 /// A page: the header (navigation, lookup, who is signed in, sign-out) and `body`.
 pub(crate) fn page(title: &str, signed: Option<&Signed>, body: Markup) -> Html<String> {
+    page_refreshing(title, signed, None, body)
+}
+
+/// [`page`], reloaded by the browser every `refresh` seconds when given: a
+/// `<meta http-equiv="refresh">`, which needs no script, so the CSP stays as it is.
+pub(crate) fn page_refreshing(
+    title: &str,
+    signed: Option<&Signed>,
+    refresh: Option<u32>,
+    body: Markup,
+) -> Html<String> {
     let markup = html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
+                @if let Some(s) = refresh {
+                    meta http-equiv="refresh" content=(s);
+                }
                 title { (title) " · outboxd console" }
                 link rel="stylesheet" href="/style.css";
             }

@@ -9,8 +9,8 @@
 //! `action` (the confirmation step and the change); `messages` (every message, filtered
 //! and paged by id), `endpoints` (the http channel's endpoints, names of secrets only),
 //! `destinations` (what waits for each destination; pause, resume, close, with their own
-//! confirmation step) and `time` (the one formatter of times, relative to the database's
-//! clock).
+//! confirmation step), `charts` (the overview's latency and backlog charts) and `time`
+//! (the one formatter of times, relative to the database's clock).
 //!
 //! Security, in one place so that it can be checked in one place:
 //! * no page without a session; sign-in with `OUTBOXD_CONSOLE_TOKEN` (compared in constant
@@ -34,6 +34,7 @@
 
 mod action;
 mod auth;
+mod charts;
 mod dead;
 mod destinations;
 mod held;

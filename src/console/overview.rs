@@ -1,28 +1,66 @@
-//! The overview: counts by state and channel, the oldest due message, and deliveries and
-//! failures per minute over the last hour as an SVG chart drawn here.
+//! The overview: counts by state and channel, the oldest due message, and the last hour
+//! minute by minute: deliveries and failures as an SVG chart drawn here, delivery latency
+//! and the backlog's age as the charts of `charts`. `?refresh=N` reloads the page every N
+//! seconds (a `<meta http-equiv="refresh">`: no script).
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 
 use super::auth::Signed;
-use super::{Failure, Shared, client, layout};
+use super::charts::{self, minute_label};
+use super::{Failure, Shared, client, field, layout, pairs, quoted};
 use crate::model::State as MessageState;
 use crate::ops::MinuteCount;
 
-pub(crate) async fn page(State(app): State<Shared>, signed: Signed) -> Result<Response, Failure> {
+/// The refresh intervals the overview offers, in seconds. Anything else is refused (400)
+/// rather than ignored: a link that asked for a refresh and silently got none would leave
+/// an operator watching a page that never changes.
+pub(crate) const REFRESH_CHOICES: [u32; 3] = [10, 30, 60];
+
+/// Reads `refresh`: absent or empty is off, one of [`REFRESH_CHOICES`] (written as
+/// digits, exactly) is that many seconds, anything else a one-line 400.
+pub(crate) fn parse_refresh(q: &[(String, String)]) -> Result<Option<u32>, Failure> {
+    let Some(v) = field(q, "refresh") else {
+        return Ok(None);
+    };
+    REFRESH_CHOICES
+        .iter()
+        .find(|c| c.to_string() == v)
+        .map(|c| Some(*c))
+        .ok_or_else(|| {
+            Failure::BadRequest(format!(
+                "refresh must be 10, 30 or 60 (seconds), or absent for none; got {}",
+                quoted(v)
+            ))
+        })
+}
+
+pub(crate) async fn page(
+    State(app): State<Shared>,
+    signed: Signed,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, Failure> {
+    let q = pairs(raw.as_deref().unwrap_or("").as_bytes());
+    let refresh = parse_refresh(&q)?;
     let c = client(&app).await?;
     let st = crate::status::status(&**c)
         .await
         .map_err(|e| Failure::db(&e))?;
-    let minutes = crate::ops::attempts_per_minute(&**c)
+    let activity = crate::ops::activity_per_minute(&**c)
         .await
         .map_err(|e| Failure::db(&e))?;
+    let minutes = &activity.counts;
+    let backlog = crate::ops::backlog_per_minute(&**c)
+        .await
+        .map_err(|e| Failure::db(&e))?;
+    let due_now: i64 = st.due_by_channel.values().map(|d| d.due).sum();
     let destinations = crate::ops::destinations(&**c)
         .await
         .map_err(|e| Failure::db(&e))?;
     let channels: Vec<&String> = st.by_channel.keys().collect();
     let body = html! {
+        (refresh_links(refresh))
         section.scroll {
             h2 { "Messages by state" }
             table id="counts" {
@@ -86,10 +124,71 @@ pub(crate) async fn page(State(app): State<Shared>, signed: Signed) -> Result<Re
         }
         section.chart {
             h2 { "Deliveries and failures per minute, last hour" }
-            (chart(&minutes))
+            (chart(minutes))
+        }
+        (latency_section(&activity.latency))
+        section.chart id="backlog" {
+            h2 { "Backlog: age of the oldest due message, last hour" }
+            p id="backlog-now" {
+                "Now: oldest due "
+                b data-seconds=(st.oldest_due_seconds) { (charts::seconds_text(st.oldest_due_seconds)) }
+                ", " b.due-count { (due_now) } " due"
+                span.muted { " (pending and past their run_after; read live)" }
+            }
+            (charts::backlog(&backlog))
         }
     };
-    Ok(layout::page("Overview", Some(&signed), body).into_response())
+    Ok(layout::page_refreshing("Overview", Some(&signed), refresh, body).into_response())
+}
+
+/// Delivery latency two ways, each its own chart on its own scale: the attempt (what the
+/// receiver took) and end to end (what the application waited: the attempt, plus the wait
+/// for a worker, retries, and any delay asked for, often larger by orders of magnitude).
+fn latency_section(minutes: &[crate::ops::MinuteLatency]) -> Markup {
+    html! {
+        section.chart id="latency" {
+            h2 { "Delivery latency per minute, last hour" }
+            p.muted {
+                "p50 and p99 of each minute (PostgreSQL's " code { "percentile_cont" } "); "
+                "a minute without deliveries is a gap."
+            }
+            h3 { "Attempt duration: what the receiver took" }
+            (charts::latency("latency-attempt", "Attempt duration", minutes, |m| (m.attempts, m.attempt)))
+            p.muted {
+                "Attempts that delivered, by the minute they ended: from the worker's start to the "
+                "recorded end (" code { "outbox.attempts" } "), as "
+                code { "outboxd_delivery_duration_seconds" } " gives Grafana."
+            }
+            h3 { "End to end: what the application waited" }
+            (charts::latency("latency-e2e", "End to end", minutes, |m| (m.messages, m.end_to_end)))
+            p.muted {
+                "Messages delivered in the minute, from enqueue to delivery ("
+                code { "delivered_at − created_at" } "): retries included, and any wait asked "
+                "for (a later " code { "run_after" } ") or caused by a person (held, replayed)."
+            }
+        }
+    }
+}
+
+/// The refresh switch: links, since a form or a script would be no simpler.
+fn refresh_links(current: Option<u32>) -> Markup {
+    html! {
+        nav.refresh id="refresh" aria-label="Refresh" {
+            span.muted { "Refresh this page: " }
+            @if current.is_none() {
+                b aria-current="true" { "off" }
+            } @else {
+                a href="/" { "off" }
+            }
+            @for s in REFRESH_CHOICES {
+                @if current == Some(s) {
+                    b aria-current="true" { "every " (s) " s" }
+                } @else {
+                    a href={ "/?refresh=" (s) } { "every " (s) " s" }
+                }
+            }
+        }
+    }
 }
 
 fn state_link(state: MessageState) -> Markup {
@@ -155,12 +254,6 @@ fn fmt(v: f64) -> String {
     format!("{v:.1}")
 }
 
-/// `HH:MM UTC` of a minute given in unix seconds.
-fn minute_label(unix: i64) -> String {
-    let secs = unix.rem_euclid(86_400);
-    format!("{:02}:{:02} UTC", secs / 3600, secs % 3600 / 60)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +282,49 @@ mod tests {
     fn minute_labels() {
         assert_eq!(minute_label(0), "00:00 UTC");
         assert_eq!(minute_label(3600 * 13 + 60 * 7 + 59), "13:07 UTC");
+    }
+
+    fn refresh_of(query: &str) -> Result<Option<u32>, String> {
+        parse_refresh(&pairs(query.as_bytes())).map_err(|e| format!("{e:?}"))
+    }
+
+    #[test]
+    fn refresh_is_off_unless_one_of_the_choices_is_asked_for() {
+        assert_eq!(refresh_of(""), Ok(None));
+        assert_eq!(refresh_of("refresh="), Ok(None));
+        assert_eq!(refresh_of("refresh=30"), Ok(Some(30)));
+        assert_eq!(refresh_of("refresh=10&refresh=999"), Ok(Some(10)));
+        for bad in [
+            "refresh=0",
+            "refresh=5",
+            "refresh=030",
+            "refresh=30.0",
+            "refresh=+30",
+            "refresh=-30",
+            "refresh=30s",
+            "refresh=%2030",
+            "refresh=30%0d%0aSet-Cookie:%20x",
+            "refresh=%3Cscript%3E",
+            "refresh=99999999999999999999999",
+        ] {
+            let e = refresh_of(bad).expect_err(bad);
+            assert!(e.contains("refresh must be 10, 30 or 60"), "{bad}: {e}");
+            // One line; the page's template escapes the markup.
+            assert!(!e.contains('\r') && !e.contains('\n'), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_refresh_switch_marks_the_current_choice() {
+        let off = refresh_links(None).into_string();
+        assert!(off.contains("<b aria-current=\"true\">off</b>"), "{off}");
+        assert!(off.contains("href=\"/?refresh=30\""), "{off}");
+        let on = refresh_links(Some(30)).into_string();
+        assert!(on.contains("<a href=\"/\">off</a>"), "{on}");
+        assert!(
+            on.contains("<b aria-current=\"true\">every 30 s</b>"),
+            "{on}"
+        );
+        assert!(!on.contains("href=\"/?refresh=30\""), "{on}");
     }
 }

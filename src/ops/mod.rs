@@ -31,7 +31,10 @@ mod seen;
 mod show;
 mod waiting;
 
-pub use activity::{MinuteCount, attempts_per_minute};
+pub use activity::{
+    Activity, BacklogMinute, BacklogSample, MinuteCount, MinuteLatency, Percentiles,
+    activity_per_minute, backlog_per_minute, sample_backlog,
+};
 pub use checkpoint::{
     Checkpoint, CheckpointError, checkpoint, checkpoint_as_seen, checkpoint_dry_run,
 };

@@ -165,27 +165,72 @@ WHERE state = 'held'
   AND ($2::float8 IS NULL OR created_at >= now() - make_interval(secs => $2::float8))
 "#;
 
-/// Console chart: deliveries and failures per minute over the last hour, from the attempt
-/// history. Always 60 rows, oldest first: `minute` (unix seconds of the minute's start, the
-/// database's clock), `delivered` (attempts whose outcome is `delivered`), `failed`
-/// (`retry`, `dead` or `lease_lost`: attempts that did not deliver). Operator actions
-/// (`replayed`, `approved`, …) and releases are not attempts that failed, so they count in
-/// neither. There is no index on `finished_at`: the read costs a scan of the history,
-/// which the daemon's retention keeps to about `--retention` of traffic (a page view, not
-/// a scrape).
-pub const ATTEMPTS_PER_MINUTE: &str = r#"
+/// Console charts: the last hour of activity, minute by minute, from one read of the
+/// attempt history. Always 60 rows, oldest first: `minute` (unix seconds of the minute's
+/// start, the database's clock, UTC), then
+///
+/// * `delivered`, `failed`: attempts that ended in the minute (by `finished_at`) and
+///   delivered, or did not (`retry`, `dead` or `lease_lost`). Operator actions
+///   (`replayed`, `approved`, …) and releases are not attempts that failed, so they count
+///   in neither.
+/// * `attempt_p50`, `attempt_p99`: the duration of those that delivered
+///   (`finished_at − started_at`): what the receiver or provider took, the figure
+///   `outboxd_delivery_duration_seconds` gives Grafana. `started_at` is the worker's clock
+///   and `finished_at` the database's at the completion (a few milliseconds of batching
+///   later), so a skew between the two clocks shows here; a negative difference counts as
+///   0. Failed attempts are left out: the counts show them, and a timeout's duration is the
+///   timeout.
+/// * `messages`, `e2e_p50`, `e2e_p99`: the messages delivered in the minute (by
+///   `delivered_at`), from enqueue to delivery (`delivered_at − created_at`): what the
+///   application waits, retries included, and also any wait it asked for (a later
+///   `run_after`) or a person caused (held until approved, dead until replayed).
+///
+/// Percentiles are `percentile_cont` (interpolated), in seconds, and NULL in a minute with
+/// nothing to measure: a gap, not a zero. There is no index on `finished_at`: the read
+/// costs a scan of the history, which the daemon's retention keeps to about `--retention`
+/// of traffic (a page view, not a scrape), and the last hour of `messages_delivered_idx`.
+pub const ACTIVITY_PER_MINUTE: &str = r#"
 WITH m AS (
-    SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes',
-                           date_trunc('minute', now()), interval '1 minute') AS minute
+    SELECT date_trunc('minute', now(), 'UTC') - (59 - i) * interval '1 minute' AS minute
+    FROM generate_series(0, 59) i
 ), a AS (
-    SELECT date_trunc('minute', finished_at) AS minute, outcome
+    SELECT date_trunc('minute', finished_at, 'UTC') AS minute,
+           count(*) FILTER (WHERE outcome = 'delivered')::bigint AS delivered,
+           count(*) FILTER (WHERE outcome IN ('retry', 'dead', 'lease_lost'))::bigint AS failed,
+           percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
+               ORDER BY greatest(extract(epoch FROM finished_at - started_at)::float8, 0))
+               FILTER (WHERE outcome = 'delivered') AS p
     FROM outbox.attempts
-    WHERE finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+    WHERE finished_at >= date_trunc('minute', now(), 'UTC') - interval '59 minutes'
+    GROUP BY 1
+), e AS (
+    SELECT date_trunc('minute', delivered_at, 'UTC') AS minute, count(*)::bigint AS n,
+           percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
+               ORDER BY greatest(extract(epoch FROM delivered_at - created_at)::float8, 0)) AS p
+    FROM outbox.messages
+    WHERE state = 'delivered'
+      AND delivered_at >= date_trunc('minute', now(), 'UTC') - interval '59 minutes'
+    GROUP BY 1
 )
 SELECT extract(epoch FROM m.minute)::float8 AS minute,
-       count(a.outcome) FILTER (WHERE a.outcome = 'delivered')::bigint AS delivered,
-       count(a.outcome) FILTER (WHERE a.outcome IN ('retry', 'dead', 'lease_lost'))::bigint AS failed
-FROM m LEFT JOIN a ON a.minute = m.minute
-GROUP BY m.minute
+       coalesce(a.delivered, 0) AS delivered, coalesce(a.failed, 0) AS failed,
+       a.p[1] AS attempt_p50, a.p[2] AS attempt_p99,
+       coalesce(e.n, 0) AS messages, e.p[1] AS e2e_p50, e.p[2] AS e2e_p99
+FROM m LEFT JOIN a ON a.minute = m.minute LEFT JOIN e ON e.minute = m.minute
+ORDER BY m.minute
+"#;
+
+/// Console chart: the backlog per minute over the last hour, as the daemon sampled it
+/// (`outbox.backlog_samples`, written by the workers' backlog sampler). Always 60 rows,
+/// oldest first: `minute` (unix seconds of the minute's start, UTC), `due` and
+/// `oldest_due_seconds`, both NULL for a minute no worker sampled. Reads a table of at most
+/// 1 441 rows (a day of minutes).
+pub const BACKLOG_PER_MINUTE: &str = r#"
+WITH m AS (
+    SELECT date_trunc('minute', now(), 'UTC') - (59 - i) * interval '1 minute' AS minute
+    FROM generate_series(0, 59) i
+)
+SELECT extract(epoch FROM m.minute)::float8 AS minute, s.due, s.oldest_due_seconds
+FROM m LEFT JOIN outbox.backlog_samples s ON s.minute = m.minute
 ORDER BY m.minute
 "#;

@@ -85,6 +85,20 @@ ORDER BY g.head
 LIMIT $1
 "#;
 
+/// The expression of [`OLDEST_DUE_SECONDS`], written once: [`BACKLOG_SAMPLE`] records the
+/// same figure.
+macro_rules! oldest_due_seconds {
+    () => {
+        r#"coalesce(extract(epoch FROM now()) - extract(epoch FROM least(
+    (SELECT min(run_after) FROM outbox.messages
+     WHERE state = 'pending' AND run_after > '-infinity' AND run_after <= now()),
+    (SELECT min(created_at) FROM outbox.messages
+     WHERE state = 'pending' AND run_after = '-infinity' AND isfinite(created_at))
+)), 0)::float8
+"#
+    };
+}
+
 /// Status: seconds since the `run_after` of the oldest due pending message; 0 when none is
 /// due.
 ///
@@ -93,14 +107,7 @@ LIMIT $1
 /// and a `-infinity` row counts as due since its `created_at` (an `infinity` row is never
 /// due). Both subqueries read `messages_due_idx`: the first its first finite due entry, the
 /// second only the `-infinity` entries.
-pub const OLDEST_DUE_SECONDS: &str = r#"
-SELECT coalesce(extract(epoch FROM now()) - extract(epoch FROM least(
-    (SELECT min(run_after) FROM outbox.messages
-     WHERE state = 'pending' AND run_after > '-infinity' AND run_after <= now()),
-    (SELECT min(created_at) FROM outbox.messages
-     WHERE state = 'pending' AND run_after = '-infinity' AND isfinite(created_at))
-)), 0)::float8
-"#;
+pub const OLDEST_DUE_SECONDS: &str = concat!("SELECT ", oldest_due_seconds!());
 
 /// Due messages by channel: `channel, due, oldest_due_seconds` for every channel with a
 /// `pending` message whose `run_after` has passed, leaving out the channels `$1`, among the
@@ -126,3 +133,39 @@ WHERE d.channel <> ALL($1::text[])
 GROUP BY d.channel
 ORDER BY d.channel
 "#;
+
+/// Most due messages a backlog sample counts (`$1` of [`BACKLOG_SAMPLE`]): a count that
+/// stops there reads at most so many entries of `messages_due_idx`.
+pub const BACKLOG_COUNT_CAP: i64 = 100_000;
+
+/// The daemon's backlog sample: adds this minute's row to `outbox.backlog_samples` (the
+/// minute's start by the database's clock, in UTC; how many messages are due, counted up
+/// to `$1`; and [`OLDEST_DUE_SECONDS`]'s figure), unless a worker already added it, and
+/// deletes the rows older than a day. Returns the minute's start (unix seconds) when this
+/// call added the row, no row otherwise.
+///
+/// Cost: a probe of the primary key; when the minute has no row yet, the two reads of
+/// `messages_due_idx` that [`OLDEST_DUE_SECONDS`] makes and a count of at most `$1` of its
+/// entries; and the delete of the one row that fell out of the day, found through the
+/// primary key. With many workers the first of each minute does the work; the others stop
+/// at the probe (a race between two ends in `ON CONFLICT DO NOTHING`).
+pub const BACKLOG_SAMPLE: &str = concat!(
+    r#"
+WITH gone AS (
+    DELETE FROM outbox.backlog_samples
+    WHERE minute < date_trunc('minute', now(), 'UTC') - interval '1 day'
+)
+INSERT INTO outbox.backlog_samples (minute, due, oldest_due_seconds)
+SELECT date_trunc('minute', now(), 'UTC'),
+       (SELECT count(*) FROM (SELECT 1 FROM outbox.messages
+                              WHERE state = 'pending' AND run_after <= now()
+                              ORDER BY run_after, id LIMIT $1::bigint) d)::bigint,
+       greatest("#,
+    oldest_due_seconds!(),
+    r#", 0)
+WHERE NOT EXISTS (SELECT 1 FROM outbox.backlog_samples
+                  WHERE minute = date_trunc('minute', now(), 'UTC'))
+ON CONFLICT (minute) DO NOTHING
+RETURNING extract(epoch FROM minute)::float8
+"#
+);

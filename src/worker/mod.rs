@@ -28,8 +28,9 @@
 //! mark), `db_call` (bounded database calls, back-off), `pools` (which connections run
 //! which statements, and with what settings), `sweep` (expired leases, beside the loop),
 //! `alarms` (when deferred messages come due), `pauses` (destinations a person paused,
-//! read every poll interval), `endpoints` (the http channel's table,
-//! read every few seconds) and [`maintenance`] (retention, beside the loop).
+//! read every poll interval), `endpoints` (the http channel's table, read every few
+//! seconds) and [`maintenance`] (retention, the watches and the backlog sampler, beside
+//! the loop).
 //!
 //! Database errors anywhere are logged and retried with back-off; nothing is dropped.
 //! A completion that cannot be written before the process exits is not lost either: the
@@ -229,6 +230,12 @@ impl Worker {
             watch_every,
             watch_stop.clone(),
         ));
+        // The backlog, minute by minute, for the console's chart.
+        let sampler = tokio::spawn(maintenance::backlog_sampler(
+            shared.pools.general.clone(),
+            maintenance::BACKLOG_SAMPLE_EVERY,
+            watch_stop.clone(),
+        ));
         // Only a worker that leaves some channel out looks for that channel's waiting
         // messages.
         let unserved = crate::model::Channel::ALL
@@ -278,6 +285,7 @@ impl Worker {
         let completed = shut_down(&shared, tasks, done_tx, completer, hard_stop).await;
         watch_stop.cancel();
         let _ = watch.await;
+        let _ = sampler.await;
         if let Some(unserved) = unserved {
             let _ = unserved.await;
         }

@@ -14,6 +14,7 @@ mod cli;
 mod cli_bad_args;
 mod client_build;
 mod console;
+mod console_charts;
 mod console_destinations;
 mod console_messages;
 mod daemon;
