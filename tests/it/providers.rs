@@ -5,7 +5,8 @@
 //! answer the first result, another body 409), Postmark (no deduplication), Twilio (no key;
 //! a message list filtered by recipient and day) and a Slack incoming webhook (plain-text
 //! `ok` and errors). Each run ends with the check that the credential reached the stand-in
-//! and nothing else: no log line, metric, row or operator output.
+//! and nothing else: no log line, metric, row or operator output (a Slack webhook's URL,
+//! its credential, is in its endpoint's row and nowhere else).
 
 #![allow(clippy::unwrap_used)]
 
@@ -16,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::binary::Daemon;
+use common::console::{Console, get, sign_in};
 use common::recipes::{assert_nowhere, blocks, cli, h, history, run_endpoint_set, run_sql};
 use common::standin::{Answer, Request, StandIn};
 use common::*;
@@ -747,17 +749,11 @@ struct Slack {
 
 fn slack(state: &Mutex<Slack>, r: &Request) -> Answer {
     let mut s = state.lock().unwrap();
-    let hook = |b: &str, c: char| {
-        format!(
-            "/services/T00000000/{b}/SLACKSECRETMARK{}",
-            String::from(c).repeat(9)
-        )
-    };
-    let channel = if r.path == hook("B00000000", 'a') {
+    let channel = if r.path == slack_hook("B00000000", 'a') {
         "live"
-    } else if r.path == hook("B00000001", 'b') {
+    } else if r.path == slack_hook("B00000001", 'b') {
         "deleted"
-    } else if r.path == hook("B00000002", 'c') {
+    } else if r.path == slack_hook("B00000002", 'c') {
         "archived"
     } else {
         return Answer::text(404, "no_service");
@@ -786,11 +782,23 @@ fn slack(state: &Mutex<Slack>, r: &Request) -> Answer {
     Answer::text(200, "ok")
 }
 
-/// The Slack recipe as written (a webhook), and Slack's answers: `200 ok` delivers; `400
-/// invalid_payload`, `404 no_service`, `404 channel_not_found` and `410
-/// channel_is_archived` are dead at once, permanent, never retried; `429` is retried after
-/// its `Retry-After`, `500` after the backoff. The URL's secret path is in no log line,
-/// metric, history row or operator output; it is in the message's payload, as the page says.
+/// The path of the stand-in's webhook `b`, whose secret part is [`SLACK_SECRET`]'s marker
+/// and `c` nine times.
+fn slack_hook(b: &str, c: char) -> String {
+    format!(
+        "/services/T00000000/{b}/SLACKSECRETMARK{}",
+        String::from(c).repeat(9)
+    )
+}
+
+/// The Slack recipe as written: the webhook's whole URL set as an endpoint from the
+/// command line, the message naming it with no path. The request goes to the webhook's URL
+/// exactly, with no idempotency or auth header. Slack's answers, each webhook through an
+/// endpoint of its own: `200 ok` delivers; `400 invalid_payload`, `404 no_service`, `404
+/// channel_not_found` and `410 channel_is_archived` are dead at once, permanent, never
+/// retried; `429` is retried after its `Retry-After`, `500` after the backoff. The URL's
+/// secret path is in `outbox.endpoints` and `outboxd endpoint list`, where the operator put
+/// it, and in no message row, log line, metric, history row, `show` or console page.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slack_webhook_answers_and_the_secret_path() {
     let db = TestDb::new().await;
@@ -798,59 +806,99 @@ async fn slack_webhook_answers_and_the_secret_path() {
     let st = state.clone();
     let p = StandIn::start(move |r| slack(&st, r)).await;
     let origin = p.origin();
-    for sql in blocks(
-        "Slack",
-        "sql",
-        &[
-            ("https://hooks.slack.com", &origin),
-            ("XXXXXXXXXXXXXXXXXXXXXXXX", SLACK_SECRET),
-        ],
-    ) {
-        run_sql(&db, &sql, false).await;
+    let swaps = [
+        ("https://hooks.slack.com", origin.as_str()),
+        ("XXXXXXXXXXXXXXXXXXXXXXXX", SLACK_SECRET),
+    ];
+    let sh = blocks("Slack", "sh", &swaps);
+    let set = run_endpoint_set(&db, &sh[0]).await;
+    assert!(
+        !set.stdout.contains("SLACKSECRETMARK") && set.stdout.contains("127.0.0.1"),
+        "`endpoint set` names the host only: {}",
+        set.stdout
+    );
+    for sql in blocks("Slack", "sql", &swaps) {
+        run_sql(&db, &sql, true).await;
     }
-    let url = |b: &str, c: char| {
-        format!(
-            "{origin}/services/T00000000/{b}/SLACKSECRETMARK{}",
-            String::from(c).repeat(9)
+    // The application's enqueue names the endpoint only.
+    let stored: Value = db
+        .client()
+        .await
+        .query_one(
+            "SELECT payload FROM outbox.messages WHERE message_key = 'deploy-42:announce'",
+            &[],
         )
-    };
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        stored,
+        json!({"endpoint": "slack-deploys", "json": {"text": "Deploy 42 finished"}})
+    );
+    // One endpoint for each of the stand-in's other webhooks, as an operator would set them.
+    for (name, b, c) in [
+        ("slack-revoked", "B00000009", 'z'),
+        ("slack-deleted", "B00000001", 'b'),
+        ("slack-archived", "B00000002", 'c'),
+    ] {
+        let url = format!("{origin}{}", slack_hook(b, c));
+        let out = cli(
+            &db,
+            &[
+                "endpoint",
+                "set",
+                name,
+                "--url",
+                &url,
+                "--no-idempotency-header",
+            ],
+        )
+        .await;
+        assert!(!out.contains("SLACKSECRETMARK"), "{out}");
+    }
+    // And one whose host refuses the connection (nothing listens on the port): the error
+    // names the host, not the path.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let gone = format!("http://127.0.0.1:{closed}{}", slack_hook("B00000003", 'd'));
+    cli(
+        &db,
+        &[
+            "endpoint",
+            "set",
+            "slack-gone",
+            "--url",
+            &gone,
+            "--no-idempotency-header",
+        ],
+    )
+    .await;
     let c = db.client().await;
     let cases = [
-        (
-            "slack:invalid",
-            url("B00000000", 'a'),
-            json!({"txt": "typo"}),
-        ),
-        (
-            "slack:revoked",
-            url("B00000009", 'z'),
-            json!({"text": "hello"}),
-        ),
-        (
-            "slack:deleted",
-            url("B00000001", 'b'),
-            json!({"text": "hello"}),
-        ),
-        (
-            "slack:archived",
-            url("B00000002", 'c'),
-            json!({"text": "hello"}),
-        ),
-        (
-            "slack:rate",
-            url("B00000000", 'a'),
-            json!({"text": "busy [429]"}),
-        ),
+        ("slack:invalid", "slack-deploys", json!({"txt": "typo"})),
+        ("slack:revoked", "slack-revoked", json!({"text": "hello"})),
+        ("slack:deleted", "slack-deleted", json!({"text": "hello"})),
+        ("slack:archived", "slack-archived", json!({"text": "hello"})),
+        ("slack:rate", "slack-deploys", json!({"text": "busy [429]"})),
         (
             "slack:hiccup",
-            url("B00000000", 'a'),
+            "slack-deploys",
             json!({"text": "flaky [500]"}),
         ),
     ];
-    for (key, url, body) in &cases {
-        let msg = outboxd::NewMessage::webhook(*key, json!({"url": url, "body": body}));
+    for (key, endpoint, body) in &cases {
+        let msg = outboxd::NewMessage::http(*key, json!({"endpoint": endpoint, "json": body}));
         outboxd::enqueue(&c, &msg).await.unwrap();
     }
+    let msg = outboxd::NewMessage::http(
+        "slack:gone",
+        json!({"endpoint": "slack-gone", "json": {"text": "hello"}}),
+    )
+    .max_attempts(1);
+    outboxd::enqueue(&c, &msg).await.unwrap();
 
     let d = daemon(&db, &FAST, None);
     let ok = wait_for_state(&db, "deploy-42:announce", "delivered", WAIT).await;
@@ -865,6 +913,17 @@ async fn slack_webhook_answers_and_the_secret_path() {
         let tries = attempts(&db, key).await;
         assert_eq!(tries.len(), 1, "{key}: never retried");
         assert_eq!(tries[0].3, Some(status), "{key}");
+    }
+    let refused = wait_for_state(&db, "slack:gone", "dead", WAIT).await;
+    assert_eq!(refused.error_class.as_deref(), Some("exhausted"));
+    let error = refused.last_error.unwrap_or_default();
+    assert!(error.starts_with("cannot connect to 127.0.0.1"), "{error}");
+    for (key, status) in [("slack:invalid", 400), ("slack:archived", 410)] {
+        let row = wait_for_state(&db, key, "dead", WAIT).await;
+        assert_eq!(
+            row.last_error.as_deref(),
+            Some(format!("HTTP {status} from 127.0.0.1").as_str())
+        );
     }
     for key in ["slack:rate", "slack:hiccup"] {
         wait_for_state(&db, key, "delivered", WAIT).await;
@@ -887,12 +946,34 @@ async fn slack_webhook_answers_and_the_secret_path() {
         .iter()
         .find(|r| r.body.windows(7).any(|w| w == b"Deploy "))
         .unwrap();
+    // The endpoint's URL exactly: its whole path, nothing added, no query.
+    assert_eq!(first.method, "POST");
+    assert_eq!(first.path, slack_hook("B00000000", 'a'));
+    assert_eq!(first.query, None);
     assert_eq!(
         first.header("content-type").as_deref(),
         Some("application/json")
     );
     let body: Value = serde_json::from_slice(&first.body).unwrap();
     assert_eq!(body, json!({"text": "Deploy 42 finished"}));
+    // No secret, no key: Slack takes neither.
+    for r in &seen {
+        assert_eq!(r.header("authorization"), None);
+        assert_eq!(r.header("idempotency-key"), None);
+    }
+    // Every other request went to its endpoint's webhook, exactly.
+    let paths: HashSet<String> = seen.iter().map(|r| r.path.clone()).collect();
+    let expected: HashSet<String> = [
+        ("B00000000", 'a'),
+        ("B00000009", 'z'),
+        ("B00000001", 'b'),
+        ("B00000002", 'c'),
+    ]
+    .iter()
+    .map(|(b, c)| slack_hook(b, *c))
+    .collect();
+    assert_eq!(paths, expected);
+    assert!(seen.iter().all(|r| r.query.is_none()));
     // Retry-After: 2 was honoured (the backoff alone is 200 ms).
     let rate: Vec<_> = seen
         .iter()
@@ -904,18 +985,41 @@ async fn slack_webhook_answers_and_the_secret_path() {
         "retried after {:?}",
         rate[1].at - rate[0].at
     );
-    // The payload is where the URL lives: the documented exception.
-    let payload: String = c
+    let keys: Vec<&str> = ["deploy-42:announce", "slack:gone"]
+        .into_iter()
+        .chain(cases.iter().map(|c| c.0))
+        .collect();
+    assert_nowhere(&db, &out, &metrics, &keys, "SLACKSECRETMARK", true).await;
+
+    // The console: the endpoints' origins, never their paths, on every page that could
+    // show one.
+    let id: i64 = c
         .query_one(
-            "SELECT payload::text FROM outbox.messages WHERE message_key = 'deploy-42:announce'",
+            "SELECT id FROM outbox.messages WHERE message_key = 'slack:revoked'",
             &[],
         )
         .await
         .unwrap()
         .get(0);
-    assert!(payload.contains(SLACK_SECRET));
-    let keys: Vec<&str> = std::iter::once("deploy-42:announce")
-        .chain(cases.iter().map(|c| c.0))
-        .collect();
-    assert_nowhere(&db, &out, &metrics, &keys, "SLACKSECRETMARK", true).await;
+    let console = Console::start(&db);
+    let session = sign_in(&console, "ops").await;
+    for path in [
+        "/endpoints".to_owned(),
+        "/messages?channel=http".to_owned(),
+        "/messages?channel=http&endpoint=slack-deploys".to_owned(),
+        format!("/message/{id}"),
+        "/dead".to_owned(),
+        "/destinations".to_owned(),
+        "/".to_owned(),
+    ] {
+        let res = get(&console.url(&path), &session.cookie).await;
+        assert_eq!(res.status().as_u16(), 200, "{path}");
+        let page = res.text().await.unwrap();
+        assert!(!page.contains("SLACKSECRETMARK"), "{path}:\n{page}");
+        assert!(!page.contains("/services/"), "{path}:\n{page}");
+        if path == "/endpoints" {
+            assert!(page.contains(&format!("{origin}/…")), "{page}");
+        }
+    }
+    assert!(!console.log().contains("SLACKSECRETMARK"));
 }
