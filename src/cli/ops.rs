@@ -180,7 +180,14 @@ fn print_message(detail: &MessageDetail) {
     if let Some(k) = &detail.ordering_key {
         out!("  ordering_key {}", esc(k));
     }
-    out!("  run_after    {}", detail.run_after);
+    match &detail.paused_destination {
+        Some(host) => out!(
+            "  run_after    held back: destination {} is paused (outboxd destinations --resume {})",
+            esc(host),
+            esc(host)
+        ),
+        None => out!("  run_after    {}", detail.run_after),
+    }
     out!("  created_at   {}", detail.created_at);
     out!("  updated_at   {}", detail.updated_at);
     if detail.lease_owner.is_some() {

@@ -74,7 +74,11 @@ fn body(d: &MessageDetail, signed: &Signed, clock: &Clock) -> Markup {
                 dt { "state" } dd id="state" { b { (t(&d.state)) } }
                 dt { "attempts" } dd { (d.attempts) " of " (d.max_attempts) " (retry ambiguous: " (d.retry_ambiguous) ")" }
                 @if let Some(k) = &d.ordering_key { dt { "ordering key" } dd { (t(k)) } }
-                @if d.state == "pending" { dt { "due" } dd { (clock.at(&d.run_after)) } }
+                @if let Some(host) = &d.paused_destination {
+                    dt { "due" } dd id="paused" {
+                        "held back: " a href=(super::destinations::href(host)) { (t(host)) } " is paused; not sent until a person resumes it"
+                    }
+                } @else if d.state == "pending" { dt { "due" } dd { (clock.at(&d.run_after)) } }
                 dt { "created" } dd { (clock.at(&d.created_at)) }
                 dt { "updated" } dd { (clock.at(&d.updated_at)) }
                 @if d.lease_owner.is_some() {

@@ -81,6 +81,9 @@ pub struct MessageDetail {
     /// its endpoint's `key_ttl`. None but for an http message attempted at least once
     /// whose endpoint has a `key_ttl`.
     pub key_expires_at: Option<String>,
+    /// The paused destination that holds it back, while it is unfinished and a person has
+    /// paused its destination (or its lookup's): it is not sent until they resume it.
+    pub paused_destination: Option<String>,
     /// Every attempt and operator action, oldest first.
     pub history: Vec<AttemptRecord>,
     /// What an operator can do about it now ([`next_steps`]): empty but for a dead letter.
@@ -191,6 +194,7 @@ pub async fn show<C: GenericClient>(
         cancelled_at: ts(18),
         ordering_key: r.get(19),
         key_expires_at: ts(20),
+        paused_destination: r.get(22),
         history: Vec::new(),
         next_steps: Vec::new(),
     };

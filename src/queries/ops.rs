@@ -65,15 +65,23 @@ WHERE id = ANY($1::bigint[]) OR message_key = ANY($2::text[])
 "#;
 
 /// One message with every column an operator may want, by id (`$1`), when its provider's
-/// key window closes (`outbox.key_expires_at`: http only, NULL otherwise) and whether it
-/// has closed (by the database's clock).
+/// key window closes (`outbox.key_expires_at`: http only, NULL otherwise), whether it
+/// has closed (by the database's clock), and the paused destination that holds it back (an
+/// unfinished message whose destination or lookup's destination a person paused; NULL
+/// otherwise).
 pub const SHOW_MESSAGE: &str = r#"
-SELECT id, message_key, channel, state, attempts, max_attempts, retry_ambiguous, payload,
-       run_after, lease_owner, lease_expires_at, error_class, last_error, response,
-       created_at, updated_at, delivered_at, dead_at, cancelled_at, ordering_key,
-       outbox.key_expires_at(channel, payload, attempts, first_attempt_at),
-       coalesce(outbox.key_expires_at(channel, payload, attempts, first_attempt_at) <= now(), false)
-FROM outbox.messages WHERE id = $1
+SELECT m.id, m.message_key, m.channel, m.state, m.attempts, m.max_attempts,
+       m.retry_ambiguous, m.payload, m.run_after, m.lease_owner, m.lease_expires_at,
+       m.error_class, m.last_error, m.response, m.created_at, m.updated_at, m.delivered_at,
+       m.dead_at, m.cancelled_at, m.ordering_key,
+       outbox.key_expires_at(m.channel, m.payload, m.attempts, m.first_attempt_at),
+       coalesce(outbox.key_expires_at(m.channel, m.payload, m.attempts, m.first_attempt_at)
+                <= now(), false),
+       (SELECT d.host FROM outbox.destinations d
+        WHERE m.state IN ('pending', 'running', 'held') AND d.paused_at IS NOT NULL
+          AND d.host IN (m.destination, m.lookup_destination)
+        ORDER BY d.host LIMIT 1) AS paused_destination
+FROM outbox.messages m WHERE m.id = $1
 "#;
 
 /// Held messages, oldest first, filtered: `$1` channel or NULL, `$2` "held within the last

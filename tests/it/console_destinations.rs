@@ -197,6 +197,28 @@ async fn pause_and_resume_from_the_console_are_what_the_cli_sees() {
         !page.contains("s3cret") && !page.contains("/hook"),
         "no URL path or query"
     );
+    // A held-back message's page says why it waits, and links to the destination.
+    let id: i64 = db
+        .client()
+        .await
+        .query_one(
+            "SELECT id FROM outbox.messages WHERE message_key = 'w:0'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let page = get(&console.url(&format!("/message/{id}")), &s.cookie)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&format!(
+            "held back: <a href=\"/destinations/{HOST}\">{HOST}</a> is paused"
+        )),
+        "{page}"
+    );
 
     let (status, page) = post(&console, &s, HOST, &[("do", "resume")]).await;
     assert_eq!(status, 200, "{page}");

@@ -147,6 +147,22 @@ async fn a_paused_webhook_host_gets_nothing_until_resumed() {
     );
     assert_eq!(tally(&db, "p").await, (10, 10, 0, 0), "no attempt counted");
 
+    // `show` says why a held-back message waits, rather than its parked due time.
+    let shown = cli(&db, &["show", "--json", "p1:0"]);
+    let detail: Value = serde_json::from_str(&shown.stdout).unwrap();
+    assert_eq!(detail["paused_destination"], host.as_str(), "{detail}");
+    let shown = cli(&db, &["show", "p1:0"]);
+    assert!(
+        shown.stdout.contains(&format!(
+            "run_after    held back: destination {host} is paused"
+        )),
+        "{}",
+        shown.stdout
+    );
+    let shown = cli(&db, &["show", "--json", "ok:0"]);
+    let detail: Value = serde_json::from_str(&shown.stdout).unwrap();
+    assert_eq!(detail["paused_destination"], Value::Null, "{detail}");
+
     let status = cli(&db, &["status", "--json"]);
     let st: Value = serde_json::from_str(&status.stdout).unwrap();
     assert_eq!(st["paused_destinations"], 1, "{st}");
