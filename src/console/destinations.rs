@@ -20,6 +20,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 
 use super::auth::Signed;
+use super::time::Clock;
 use super::{Failure, Shared, client, field, layout, pairs, quoted};
 use crate::ops::{DestinationWaiting, PauseError, WAITING_CAP};
 
@@ -55,7 +56,15 @@ fn parse_host(raw: &str) -> Result<String, Failure> {
 
 /// The path of a destination's page: the name's bytes outside `A-Z a-z 0-9 - . _ ~ :`
 /// percent-encoded (the brackets of an IPv6 address).
-fn href(host: &str) -> String {
+/// A time as every page shows it ([`Clock::at`]), or `-`.
+fn when(clock: &Clock, stamp: Option<&str>) -> Markup {
+    match stamp {
+        Some(s) => clock.at(s),
+        None => html! { "-" },
+    }
+}
+
+pub(crate) fn href(host: &str) -> String {
     let mut s = String::from("/destinations/");
     for b in host.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
@@ -109,6 +118,11 @@ pub(crate) async fn list(
         return Ok(Redirect::to(&href(&host)).into_response());
     }
     let c = client(&app).await?;
+    let clock = Clock(
+        crate::ops::database_now(&**c)
+            .await
+            .map_err(|e| Failure::db(&e))?,
+    );
     let rows = crate::ops::destinations_waiting(&**c, LIST_LIMIT, None)
         .await
         .map_err(|e| Failure::db(&e))?;
@@ -143,7 +157,7 @@ pub(crate) async fn list(
                     tbody {
                         @for d in &rows {
                             tr data-host=(d.host) data-state=(state(d)) {
-                                td.key { a href=(href(&d.host)) { (d.host) } }
+                                td.host { a href=(href(&d.host)) { (d.host) } }
                                 td {
                                     (state(d))
                                     @if d.paused() && d.circuit.as_deref().is_some_and(|c| c != "closed") {
@@ -156,11 +170,11 @@ pub(crate) async fn list(
                                 td.num { (count(d.later)) }
                                 td.num { (count(d.held)) }
                                 td.num { (d.running) }
-                                td { (d.oldest_due.as_deref().unwrap_or("-")) }
+                                td { (when(&clock, d.oldest_due.as_deref())) }
                                 td.err {
                                     @if d.paused() {
                                         "by " (t(d.paused_by.as_deref().unwrap_or("?")))
-                                        " since " (d.paused_at.as_deref().unwrap_or("?"))
+                                        " since " (when(&clock, d.paused_at.as_deref()))
                                         @if let Some(r) = &d.pause_reason { ": " (t(r)) }
                                     } @else { "-" }
                                 }
@@ -181,6 +195,11 @@ pub(crate) async fn page(
 ) -> Result<Response, Failure> {
     let host = parse_host(&raw)?;
     let c = client(&app).await?;
+    let clock = Clock(
+        crate::ops::database_now(&**c)
+            .await
+            .map_err(|e| Failure::db(&e))?,
+    );
     let d = crate::ops::destinations_waiting(&**c, 1, Some(&host))
         .await
         .map_err(|e| Failure::db(&e))?
@@ -214,10 +233,10 @@ pub(crate) async fn page(
                 dt { "state" } dd id="state" { (state(&d)) }
                 dt { "circuit" } dd id="circuit" { (d.circuit.as_deref().unwrap_or("closed")) }
                 dt { "failures in a row" } dd { (d.consecutive_failures) }
-                dt { "probe after" } dd { (d.open_until.as_deref().unwrap_or("-")) }
+                dt { "probe after" } dd { (when(&clock, d.open_until.as_deref())) }
                 @if d.paused() {
                     dt { "paused by" } dd id="paused-by" { (t(d.paused_by.as_deref().unwrap_or("?"))) }
-                    dt { "paused since" } dd { (d.paused_at.as_deref().unwrap_or("?")) }
+                    dt { "paused since" } dd { (when(&clock, d.paused_at.as_deref())) }
                     dt { "why" } dd id="pause-reason" { (d.pause_reason.as_deref().map_or_else(|| "-".into(), t)) }
                 }
             }
@@ -231,7 +250,7 @@ pub(crate) async fn page(
                 dt { "due later (retries, schedules)" } dd { (count(d.later)) }
                 dt { "held for approval" } dd { (count(d.held)) }
                 dt { "running" } dd { (d.running) }
-                dt { "oldest due" } dd { (d.oldest_due.as_deref().unwrap_or("-")) }
+                dt { "oldest due" } dd { (when(&clock, d.oldest_due.as_deref())) }
             }
         }
         section id="actions" {
@@ -275,7 +294,7 @@ pub(crate) async fn page(
                     tbody {
                         @for o in &outcomes {
                             tr data-outcome=(o.outcome) {
-                                td { (o.started_at.as_deref().unwrap_or("-")) }
+                                td { (when(&clock, o.started_at.as_deref())) }
                                 td.num { a href={ "/message/" (o.message_id) } { (o.message_id) } }
                                 td.num { (o.attempt) }
                                 td { (o.outcome) }
@@ -298,7 +317,7 @@ pub(crate) async fn page(
                     tbody {
                         @for a in &actions {
                             tr data-action=(a.action) {
-                                td { (a.at.as_deref().unwrap_or("-")) }
+                                td { (when(&clock, a.at.as_deref())) }
                                 td { (a.action) }
                                 td.key { (t(&a.actor)) }
                                 td.num { (a.messages.map_or_else(|| "-".into(), |n| n.to_string())) }

@@ -44,6 +44,11 @@ pub(crate) async fn page(
     let q = pairs(raw.as_deref().unwrap_or("").as_bytes());
     let refresh = parse_refresh(&q)?;
     let c = client(&app).await?;
+    let clock = super::time::Clock(
+        crate::ops::database_now(&**c)
+            .await
+            .map_err(|e| Failure::db(&e))?,
+    );
     let st = crate::status::status(&**c)
         .await
         .map_err(|e| Failure::db(&e))?;
@@ -113,7 +118,7 @@ pub(crate) async fn page(
                                 td { (d.host) }
                                 td { (d.state) }
                                 td.num { (d.consecutive_failures) }
-                                td { (d.open_until.as_deref().unwrap_or("-")) }
+                                td { @match d.open_until.as_deref() { Some(t) => (clock.at(t)), None => "-" } }
                             }
                         }
                     }

@@ -292,6 +292,18 @@ async fn the_readme_pictures_show_an_ordinary_day() {
         .await
         .unwrap();
 
+    // A provider's endpoint (its secret by name only), and a destination paused during its
+    // provider's incident.
+    c.batch_execute(
+        "SELECT outbox.set_endpoint('stripe', 'https://api.stripe.com', \
+             auth_secret => 'STRIPE_KEY', key_ttl => '24 hours', \
+             headers => '{\"Stripe-Version\": \"2024-06-20\"}');
+         SELECT outbox.pause_destination('api.partner.example:8443',
+             'their incident INC-2291: no sends until they say so', 'console:alice');",
+    )
+    .await
+    .unwrap();
+
     let console = Console::start(&db);
     let b = Browser::start(1280, 900).await;
 
@@ -308,7 +320,11 @@ async fn the_readme_pictures_show_an_ordinary_day() {
     assert_eq!(b.text("tr[data-state=held] td.total").await, "2");
     wait_text(&b, "#chart-summary", "6 delivered").await;
     assert_eq!(b.text("#open-destinations .open-count").await, "1");
+    // Tall enough for the charts under the counts.
+    b.client.set_window_size(1280, 2000).await.unwrap();
+    b.open(&console.url("/"), "#latency").await;
     b.screenshot("overview").await;
+    b.client.set_window_size(1280, 900).await.unwrap();
 
     b.open(&console.url("/dead"), "#filters").await;
     wait_text(&b, "#match-count", "2 dead letters match").await;
@@ -356,6 +372,29 @@ async fn the_readme_pictures_show_an_ordinary_day() {
     );
     b.screenshot("held").await;
 
+    b.open(&console.url("/messages"), "#messages").await;
+    let listed = b.text("#messages tbody").await;
+    assert!(listed.contains("order-1041:paid:notify"), "{listed}");
+    b.screenshot("messages").await;
+
+    b.open(&console.url("/destinations"), "#destinations").await;
+    assert_eq!(b.text("#paused-count").await, "1");
+    b.screenshot("destinations").await;
+    let shop_host = format!("localhost:{}", shop.addr.port());
+    // Tall enough for its recent attempts under what waits.
+    b.client.set_window_size(1280, 1500).await.unwrap();
+    b.open(
+        &console.url(&format!("/destinations/{shop_host}")),
+        "#destination",
+    )
+    .await;
+    b.screenshot("destination").await;
+    b.client.set_window_size(1280, 900).await.unwrap();
+
+    b.open(&console.url("/endpoints"), "#endpoints").await;
+    assert!(b.text("#endpoints").await.contains("STRIPE_KEY"));
+    b.screenshot("endpoints").await;
+
     // The same pages at a phone's width.
     b.client.set_window_size(390, 844).await.unwrap();
     for (path, name, css) in [
@@ -363,6 +402,12 @@ async fn the_readme_pictures_show_an_ordinary_day() {
         ("/dead".to_owned(), "dead-phone", "#dead"),
         ("/held".to_owned(), "held-phone", "#held"),
         (format!("/message/{dead_id}"), "message-phone", "#history"),
+        ("/messages".to_owned(), "messages-phone", "#messages"),
+        (
+            "/destinations".to_owned(),
+            "destinations-phone",
+            "#destinations",
+        ),
     ] {
         b.open(&console.url(&path), css).await;
         b.screenshot(name).await;
