@@ -86,7 +86,7 @@ WITH d AS (
     RETURNING open_until, deferred_until AS until
 ), cand AS (
     SELECT m.id FROM outbox.messages m, d
-    WHERE m.state = 'pending' AND m.channel = 'webhook' AND m.run_after < d.until
+    WHERE m.state = 'pending' AND m.run_after < d.until
       AND (m.attempts > 0 OR m.run_after <= now())
       AND m.id > $4::bigint
       AND m.destination = $1::text
@@ -107,7 +107,7 @@ SELECT (SELECT count(*) FROM moved)::bigint, (SELECT max(id) FROM cand)
 "#;
 
 /// Breakers: a closed host's held-back backlog is due again at once: up to `$3` pending
-/// webhook rows of host `$1` not yet due and due within `$4` seconds either side of `$2`
+/// rows of host `$1` (webhook and http alike: the destination is the stored column) not yet due and due within `$4` seconds either side of `$2`
 /// (the opening's `deferred_until`): the rows the opening pushed there, and those claimed
 /// and deferred while it was open (due a few milliseconds either side of it). A retry of
 /// that host scheduled for the same span comes early, which is what a closed circuit
@@ -123,7 +123,7 @@ WITH moved AS (
     UPDATE outbox.messages m SET run_after = now()
     WHERE m.id = ANY(ARRAY(
         SELECT s.id FROM outbox.messages s
-        WHERE s.state = 'pending' AND s.channel = 'webhook' AND s.run_after > now()
+        WHERE s.state = 'pending' AND s.run_after > now()
           AND s.run_after >= $2::timestamptz - make_interval(secs => $4::float8)
           AND s.run_after <= $2::timestamptz + make_interval(secs => $4::float8)
           AND (s.attempts > 0

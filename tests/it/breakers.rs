@@ -12,6 +12,9 @@ use common::binary::{outboxd, run};
 use common::receiver::{Receiver, Reply};
 use common::*;
 
+/// How long a test waits for a state it expects.
+const WAIT: Duration = Duration::from_secs(20);
+
 /// The breaker row of `host`: state, failures in a row, cooldown (seconds).
 async fn breaker(db: &TestDb, host: &str) -> Option<(String, i32, Option<f64>)> {
     db.client()
@@ -856,4 +859,67 @@ async fn an_attempt_that_sends_nothing_does_not_count_against_the_destination() 
     assert_eq!(row.error_class.as_deref(), Some("ambiguous"), "{row:?}");
     assert!(dest.requests().is_empty());
     assert_no_failure_counted(&db, &dest).await;
+}
+
+/// An `http` endpoint's host has a circuit like a webhook's, and its backlog too: the
+/// opening pushes its due messages out of the claim's way, and closing the circuit by hand
+/// brings every one back at once (not after the cooldown, an hour here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_endpoints_backlog_is_held_back_and_brought_back_by_its_circuit() {
+    let db = TestDb::new().await;
+    let provider = Receiver::start().await;
+    provider.set_default(Reply::Status(503));
+    let host = provider.addr.to_string();
+    let c = db.client().await;
+    c.execute(
+        "SELECT * FROM outbox.set_endpoint('acme', $1, auth_secret => NULL)",
+        &[&provider.url("/api")],
+    )
+    .await
+    .unwrap();
+    let msgs: Vec<_> = (0..40)
+        .map(|i| {
+            outboxd::NewMessage::http(
+                format!("h:{i}"),
+                serde_json::json!({"endpoint": "acme", "path": "/v1/things", "json": {"i": i}}),
+            )
+            .max_attempts(5)
+        })
+        .collect();
+    outboxd::enqueue_many(&c, &msgs).await.unwrap();
+    let mut cfg = breaker_config("w", 1, Duration::from_secs(3600));
+    cfg.channels = vec![outboxd::model::Channel::Http];
+    let w = RunningWorker::start(&db, cfg, test_webhook_config());
+    // The first failure opens the circuit; the backlog moves past the cooldown.
+    wait_until(WAIT, "the http backlog pushed past the cooldown", || {
+        let c = &c;
+        async move {
+            c.query_one(
+                "SELECT count(*) FROM outbox.messages
+                 WHERE state IN ('pending', 'running') AND run_after <= now() + interval '30 minutes'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+                == 0
+        }
+    })
+    .await;
+    assert!(provider.requests().len() <= 4, "the open circuit holds");
+
+    // The provider is back; an operator closes the circuit: everything goes now.
+    provider.set_default(Reply::Status(200));
+    let url = db.url();
+    let h = host.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        run(outboxd(Some(&url)).args(["destinations", "--close", &h]))
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    for i in 0..40 {
+        wait_for_state(&db, &format!("h:{i}"), "delivered", WAIT).await;
+    }
+    w.stop().await;
 }
