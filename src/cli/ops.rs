@@ -88,6 +88,14 @@ pub(super) async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> 
         "paused destinations: {} (nothing is sent to them until resumed)",
         st.paused_destinations
     );
+    if st.paused_channels.is_empty() {
+        out!("paused channels: none");
+    } else {
+        out!(
+            "paused channels: {} (none of their messages is sent until resumed; outboxd channels says by whom and why)",
+            esc(&st.paused_channels.join(", "))
+        );
+    }
     Ok(())
 }
 
