@@ -1955,7 +1955,7 @@ END
 $$;
 
 -- Resume a paused channel: its messages are claimed again at once (idle workers are woken
--- at commit). 22023 naming `channel` for an unknown channel; one that is not paused is
+-- at commit, and read the paused channels again). 22023 naming `channel` for an unknown channel; one that is not paused is
 -- left as it is (`resumed` false). Recorded in outbox.channel_actions with the actor.
 --   SELECT * FROM outbox.resume_channel('email');
 CREATE FUNCTION outbox.resume_channel(channel text, actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(name text, resumed boolean)
@@ -1978,7 +1978,8 @@ BEGIN
     END IF;
     INSERT INTO outbox.channel_actions (channel, action, actor)
     VALUES (v_channel, 'resumed', coalesce(actor, session_user::text));
-    PERFORM pg_notify('outbox_messages', '');
+    -- The payload tells the workers to read the paused channels again before they claim.
+    PERFORM pg_notify('outbox_messages', 'channel resumed');
     RETURN QUERY SELECT v_channel, true;
 END
 $$;

@@ -46,7 +46,11 @@ fn refused(channel: &str, e: ChannelPauseError) -> CliError {
         ChannelPauseError::Unknown(m) => {
             // Named, but cut: the name is whatever was typed.
             let shown: String = channel.chars().take(40).collect();
-            let more = if shown.len() < channel.len() { "…" } else { "" };
+            let more = if shown.len() < channel.len() {
+                "…"
+            } else {
+                ""
+            };
             CliError::Refused(format!("unknown channel {:?}{more}: {m}", esc(&shown)))
         }
         ChannelPauseError::Invalid(m) => CliError::Usage(ConfigError(esc(&m))),

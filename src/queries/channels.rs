@@ -18,3 +18,8 @@ pub const RESUME_CHANNEL: &str =
 /// paused destinations; `channels`, `status` and the console list it.
 pub const PAUSED_CHANNELS: &str = "SELECT channel, paused_at, paused_by, pause_reason \
      FROM outbox.paused_channels ORDER BY channel";
+
+/// The payload of the `outbox_messages` notification `outbox.resume_channel` sends: a
+/// worker that hears it reads the paused channels again at once, rather than within its
+/// poll interval, and claims the resumed channel's messages.
+pub const CHANNEL_RESUMED_PAYLOAD: &str = "channel resumed";

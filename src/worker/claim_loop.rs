@@ -189,9 +189,10 @@ impl ClaimLoop {
                     }
                     // With every lane's channels paused no claim comes back to ask.
                     if matches!(event, Event::Timer)
-                        && self.lanes.iter().all(|l| {
-                            self.shared.pauses.unpaused(&l.channels).is_empty()
-                        })
+                        && self
+                            .lanes
+                            .iter()
+                            .all(|l| self.shared.pauses.unpaused(&l.channels).is_empty())
                         && self.drained().await
                     {
                         return;
@@ -303,7 +304,12 @@ impl ClaimLoop {
         }
         if shared.pauses.begin_refresh(cfg.poll_interval) {
             let s = shared.clone();
-            tokio::spawn(async move { s.pauses.run_refresh(&s.pools.general).await });
+            tokio::spawn(async move {
+                // A channel resumed: the claim that started with this refresh left it out.
+                if s.pauses.run_refresh(&s.pools.general).await {
+                    s.wake.notify_one();
+                }
+            });
         }
         if self.plans_made.elapsed() >= super::PLAN_REFRESH {
             shared.pools.refresh_plans();

@@ -63,6 +63,12 @@ impl Pauses {
             .collect()
     }
 
+    /// The next [`Pauses::begin_refresh`] starts one, however recent the last: a channel
+    /// was resumed.
+    pub(super) fn mark_stale(&self) {
+        *lock(&self.refreshed) = None;
+    }
+
     /// Whether a refresh is due (at most once per `every`) and none is running; if so, it
     /// counts as begun, and [`Pauses::run_refresh`] must follow.
     pub(super) fn begin_refresh(&self, every: Duration) -> bool {
@@ -79,7 +85,9 @@ impl Pauses {
     }
 
     /// Reads the paused hosts and channels; on failure keeps what it knew (and logs one line).
-    pub(super) async fn run_refresh(&self, pool: &Pool) {
+    /// True when a channel paused before is paused no more: its messages are due, and the
+    /// caller wakes the claim loop.
+    pub(super) async fn run_refresh(&self, pool: &Pool) -> bool {
         // Ends the refresh however this future ends, dropped included.
         struct Ending<'a>(&'a AtomicBool);
         impl Drop for Ending<'_> {
@@ -109,9 +117,15 @@ impl Pauses {
                     .iter()
                     .filter_map(|r| Channel::parse(r.get(0)))
                     .collect();
-                *lock(&self.channels) = channels;
+                let mut known = lock(&self.channels);
+                let resumed = known.iter().any(|c| !channels.contains(c));
+                *known = channels;
+                resumed
             }
-            Err(e) => tracing::warn!(error = %e, "reading paused destinations and channels failed"),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading paused destinations and channels failed");
+                false
+            }
         }
     }
 
