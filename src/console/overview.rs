@@ -64,8 +64,13 @@ pub(crate) async fn page(
         .await
         .map_err(|e| Failure::db(&e))?;
     let channels: Vec<&String> = st.by_channel.keys().collect();
+    let paused = crate::ops::channels(&**c)
+        .await
+        .map_err(|e| Failure::db(&e))?;
     let body = html! {
         (refresh_links(refresh))
+        // First: a paused channel sends nothing, whatever the counts below say.
+        (super::channels::section(&signed, &clock, &paused))
         section.scroll {
             h2 { "Messages by state" }
             table id="counts" {
