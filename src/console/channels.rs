@@ -64,9 +64,9 @@ pub(crate) fn section(signed: &Signed, clock: &Clock, channels: &[ChannelPause])
                                 form method="post" action=(href(&c.channel)) {
                                     input type="hidden" name="csrf" value=(signed.csrf);
                                     @if c.paused {
-                                        button type="submit" name="do" value="resume" { "Resume" }
+                                        button type="submit" name="do" value="resume" id={ "resume-" (c.channel) } { "Resume" }
                                     } @else {
-                                        button.danger type="submit" name="do" value="pause" { "Pause" }
+                                        button.danger type="submit" name="do" value="pause" id={ "pause-" (c.channel) } { "Pause" }
                                     }
                                 }
                             }
@@ -101,9 +101,7 @@ async fn read(c: &tokio_postgres::Client) -> Result<(Clock, Vec<ChannelPause>), 
             .await
             .map_err(|e| Failure::db(&e))?,
     );
-    let channels = crate::ops::channels(c)
-        .await
-        .map_err(|e| Failure::db(&e))?;
+    let channels = crate::ops::channels(c).await.map_err(|e| Failure::db(&e))?;
     Ok((clock, channels))
 }
 
@@ -211,7 +209,10 @@ pub(crate) async fn post(
         "console: channel action"
     );
     let (done, line) = match verb {
-        Verb::Pause => ("Paused", "none of its messages is sent until someone resumes it"),
+        Verb::Pause => (
+            "Paused",
+            "none of its messages is sent until someone resumes it",
+        ),
         Verb::Resume => ("Resumed", "its messages are sent again"),
     };
     let body = html! {

@@ -494,3 +494,247 @@ async fn hostile_channels_and_reasons_are_refused_in_one_line() {
         "<script>alert(1)</script>"
     );
 }
+
+mod console {
+    //! The console: the channels on the overview and on `/channels`, pause and resume
+    //! through the confirmation step that the CLI then sees, the CSRF refusal, markup as
+    //! text, and the page at a phone's width in a real browser.
+
+    use super::*;
+    use common::console::*;
+
+    async fn post(
+        console: &Console,
+        s: &HttpSession,
+        channel: &str,
+        pairs: &[(&str, &str)],
+    ) -> (u16, String) {
+        let mut all = vec![("csrf", s.csrf.as_str())];
+        all.extend_from_slice(pairs);
+        let res = post_form(
+            &console.url(&format!("/channels/{channel}")),
+            Some(&s.cookie),
+            form(&all),
+        )
+        .await;
+        (res.status().as_u16(), res.text().await.unwrap())
+    }
+
+    fn email(db: &TestDb) -> Value {
+        channels_json(db)
+            .into_iter()
+            .find(|c| c["channel"] == "email")
+            .unwrap()
+    }
+
+    /// Signed out: sent to sign in, a POST refused. Signed in: a forged or missing CSRF
+    /// token changes nothing; the pause's first step only asks, the second pauses
+    /// (recorded as `console:alice`, as `outboxd channels --json` shows), a replay of it
+    /// is refused (409); the overview shows the pause in red with who and why, as text;
+    /// the resume goes the same way.
+    #[tokio::test]
+    async fn pause_and_resume_a_channel_from_the_console() {
+        let db = TestDb::new().await;
+        let console = Console::start(&db);
+        let res = http().get(console.url("/channels")).send().await.unwrap();
+        assert_eq!(res.status(), 303);
+        assert_eq!(res.headers()["location"], "/signin");
+        let res = post_form(
+            &console.url("/channels/email"),
+            None,
+            form(&[("do", "pause"), ("confirmed", "yes"), ("seen", "running")]),
+        )
+        .await;
+        assert_eq!(res.status(), 403);
+
+        let s = sign_in(&console, "alice").await;
+        for csrf in ["", &"0".repeat(64)] {
+            let res = post_form(
+                &console.url("/channels/email"),
+                Some(&s.cookie),
+                form(&[
+                    ("csrf", csrf),
+                    ("do", "pause"),
+                    ("confirmed", "yes"),
+                    ("seen", "running"),
+                ]),
+            )
+            .await;
+            assert_eq!(res.status(), 403);
+        }
+        assert_eq!(email(&db)["paused"], false, "nothing changed");
+
+        let page = get(&console.url("/"), &s.cookie)
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert!(page.contains("href=\"/channels\""), "the nav links to it");
+        assert!(page.contains("id=\"pause-email\""), "{page}");
+        assert!(!page.contains("id=\"paused-channels\""), "{page}");
+
+        let (status, page) = post(&console, &s, "email", &[("do", "pause")]).await;
+        assert_eq!(status, 200, "{page}");
+        assert!(page.contains("Pause the email channel?"), "{page}");
+        assert!(page.contains("id=\"reason\""), "{page}");
+        assert_eq!(
+            email(&db)["paused"],
+            false,
+            "the confirmation page changes nothing"
+        );
+
+        let reason = "SMTP relay down <script>alert(1)</script>";
+        let confirm = [
+            ("do", "pause"),
+            ("reason", reason),
+            ("confirmed", "yes"),
+            ("seen", "running"),
+        ];
+        let (status, page) = post(&console, &s, "email", &confirm).await;
+        assert_eq!(status, 200, "{page}");
+        assert!(page.contains("Paused email"), "{page}");
+        assert!(page.contains("console:alice"), "{page}");
+        let e = email(&db);
+        assert_eq!(e["paused"], true, "{e}");
+        assert_eq!(e["paused_by"], "console:alice", "{e}");
+        assert_eq!(e["pause_reason"], reason, "{e}");
+        let (status, page) = post(&console, &s, "email", &confirm).await;
+        assert_eq!(status, 409, "{page}");
+        assert!(page.contains("nothing changed"), "{page}");
+
+        let page = get(&console.url("/"), &s.cookie)
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert!(page.contains("id=\"paused-channels\""), "{page}");
+        assert!(
+            page.contains("<b class=\"paused-by\">console:alice</b>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("SMTP relay down &lt;script&gt;alert(1)&lt;/script&gt;"),
+            "escaped: {page}"
+        );
+        assert!(!page.contains("<script>"), "{page}");
+        assert!(page.contains("id=\"resume-email\""), "{page}");
+
+        // A bad reason, an unknown channel or action: one line, nothing changed.
+        let (status, page) = post(
+            &console,
+            &s,
+            "webhook",
+            &[
+                ("do", "pause"),
+                ("reason", "a\nb"),
+                ("confirmed", "yes"),
+                ("seen", "running"),
+            ],
+        )
+        .await;
+        assert_eq!(status, 400, "{page}");
+        assert!(page.contains("U+000A"), "{page}");
+        for path in ["sms", "%3Cscript%3E", "Email"] {
+            let (status, page) = post(&console, &s, path, &[("do", "pause")]).await;
+            assert_eq!(status, 404, "{path}: {page}");
+            assert!(!page.contains("<script>"), "{page}");
+        }
+        let (status, _) = post(&console, &s, "http", &[("do", "<b>drop</b>")]).await;
+        assert_eq!(status, 400);
+        let paused: Vec<String> = channels_json(&db)
+            .iter()
+            .filter(|c| c["paused"] == true)
+            .map(|c| c["channel"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(paused, ["email"]);
+
+        let (status, page) = post(&console, &s, "email", &[("do", "resume")]).await;
+        assert_eq!(status, 200, "{page}");
+        assert!(page.contains("Resume the email channel?"), "{page}");
+        let (status, page) = post(
+            &console,
+            &s,
+            "email",
+            &[("do", "resume"), ("confirmed", "yes"), ("seen", "paused")],
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        assert!(page.contains("Resumed email"), "{page}");
+        assert_eq!(email(&db)["paused"], false);
+        let actors: Vec<(String, String)> = db
+            .client()
+            .await
+            .query(
+                "SELECT action, actor FROM outbox.channel_actions ORDER BY id",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert_eq!(
+            actors,
+            [
+                ("paused".into(), "console:alice".into()),
+                ("resumed".into(), "console:alice".into())
+            ]
+        );
+    }
+
+    /// In Chromium at a phone's width: the channels page, a pause through its confirmation
+    /// page (with a long reason) and the overview that shows it, then the resume; no page
+    /// wider than the screen.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_phone_pauses_and_resumes_a_channel_in_a_browser() {
+        let db = TestDb::new().await;
+        let console = Console::start(&db);
+        let b = Browser::start(390, 844).await;
+        b.sign_in(&console, "alice", TOKEN).await;
+        b.wait_for("main").await;
+        let fits = |what: &'static str| {
+            let b = &b;
+            async move {
+                let v = b
+                    .client
+                    .execute(
+                        "return [document.documentElement.scrollWidth, document.documentElement.clientWidth];",
+                        vec![],
+                    )
+                    .await
+                    .unwrap();
+                let (scroll, client) = (v[0].as_i64().unwrap(), v[1].as_i64().unwrap());
+                assert!(
+                    scroll <= client,
+                    "{what}: {scroll} px wide in a {client} px window"
+                );
+            }
+        };
+        b.open(&console.url("/channels"), "#pause-email").await;
+        fits("the channels").await;
+        b.click("#pause-email", "#touches").await;
+        assert!(
+            b.text("#touches")
+                .await
+                .contains("No email message is sent")
+        );
+        fits("the confirmation").await;
+        b.wait_for("#reason")
+            .await
+            .send_keys(&"SMTP relay down, provider says an hour or so ".repeat(8))
+            .await
+            .unwrap();
+        b.click("#do-it", "#result").await;
+        assert!(b.text("#result").await.contains("Paused email"));
+        assert_eq!(email(&db)["paused"], true);
+
+        b.open(&console.url("/"), "#paused-channels").await;
+        assert!(b.text("#paused-channels").await.contains("console:alice"));
+        fits("the overview with a paused channel").await;
+        b.click("#resume-email", "#do-it").await;
+        fits("the resume's confirmation").await;
+        b.click("#do-it", "#result").await;
+        assert_eq!(email(&db)["paused"], false);
+        b.close().await;
+    }
+}
