@@ -495,6 +495,110 @@ async fn hostile_channels_and_reasons_are_refused_in_one_line() {
     );
 }
 
+/// E-mail, with an SMTP stand-in: paused, the relay is not even connected to while the
+/// channel's messages are due (its lane claims nothing) and the webhooks flow; resumed
+/// from the CLI, every e-mail is sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_email_channel_does_not_connect_to_the_relay_until_resumed() {
+    use common::smtp::FakeSmtp;
+    use outboxd::deliver::email::settings::{EmailConfig, SmtpUrl};
+    let db = TestDb::new().await;
+    let fake = FakeSmtp::start().await;
+    let hooks = Receiver::start().await;
+    let out = cli(
+        &db,
+        &[
+            "channels",
+            "--pause",
+            "email",
+            "--reason",
+            "SMTP relay down",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let c = db.client().await;
+    for i in 0..3 {
+        let msg = outboxd::NewMessage::email(
+            format!("m:{i}"),
+            json!({"from": "shop@example.com", "to": ["a@example.com"], "subject": "Hi", "text": "hi"}),
+        );
+        outboxd::enqueue(&c, &msg).await.unwrap();
+    }
+    enqueue_webhooks(&db, "ok:", &hooks.url("/hook"), 2).await;
+    let cfg = outboxd::config::WorkerConfig {
+        channels: vec![Channel::Email, Channel::Webhook],
+        ..test_worker_config("mailer")
+    };
+    let email = EmailConfig {
+        timeout: Duration::from_secs(2),
+        ..EmailConfig::new(SmtpUrl::parse(&fake.url()).unwrap())
+    };
+    let worker = RunningWorker::start_with(&db, cfg, test_webhook_config(), Some(email));
+    hooks.wait_for(2, WAIT).await;
+    wait_until(WAIT, "the webhooks delivered", || {
+        let db = &db;
+        async move { delivered(db, "ok:").await == 2 }
+    })
+    .await;
+    assert_eq!(fake.connections(), 0, "the relay is left alone");
+    assert_eq!(tally(&db, "m:").await, (3, 3, 0, 0));
+
+    let out = cli(&db, &["channels", "--resume", "email"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    wait_until(WAIT, "the e-mails delivered", || {
+        let db = &db;
+        async move { delivered(db, "m:").await == 3 }
+    })
+    .await;
+    worker.stop().await;
+    assert_eq!(fake.received().len(), 3, "each sent once");
+    assert_eq!(tally(&db, "m:").await, (3, 0, 3, 3));
+}
+
+/// A worker that does not serve a channel warns when its messages wait, but not for a
+/// paused channel: those wait for a person. (Both are read in the same look, so the
+/// warning for the unpaused one shows the paused one was looked at and left out.)
+#[tokio::test]
+async fn the_unserved_watch_leaves_a_paused_channel_out() {
+    let (logs, _guard) = LogCapture::install();
+    let db = TestDb::new().await;
+    let provider = Receiver::start().await;
+    set_endpoint(&db, &provider).await;
+    let c = db.client().await;
+    c.batch_execute("SELECT outbox.pause_channel('email', 'relay down')")
+        .await
+        .unwrap();
+    let ten_minutes_ago = std::time::SystemTime::now() - Duration::from_secs(600);
+    let mail = outboxd::NewMessage::email(
+        "unserved:mail",
+        json!({"from": "shop@example.com", "to": ["a@example.com"], "text": "hi"}),
+    )
+    .run_after(ten_minutes_ago);
+    outboxd::enqueue(&c, &mail).await.unwrap();
+    let call = outboxd::NewMessage::http(
+        "unserved:call",
+        json!({"endpoint": "acme", "method": "POST", "path": "/v1/things", "json": {}}),
+    )
+    .run_after(ten_minutes_ago);
+    outboxd::enqueue(&c, &call).await.unwrap();
+    let cfg = outboxd::config::WorkerConfig {
+        channels: vec![Channel::Webhook],
+        ..test_worker_config("w")
+    };
+    let worker = RunningWorker::start(&db, cfg, test_webhook_config());
+    let needle = "messages of a channel this worker does not serve are waiting";
+    wait_until(WAIT, "the unserved http channel's warning", || {
+        let logs = logs.clone();
+        async move { logs.text().contains(needle) }
+    })
+    .await;
+    worker.stop().await;
+    let text = logs.text();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("channel=http"), "{}", lines[0]);
+}
+
 mod console {
     //! The console: the channels on the overview and on `/channels`, pause and resume
     //! through the confirmation step that the CLI then sees, the CSRF refusal, markup as
