@@ -51,7 +51,8 @@ fn refused(channel: &str, e: ChannelPauseError) -> CliError {
             } else {
                 ""
             };
-            CliError::Refused(format!("unknown channel {:?}{more}: {m}", esc(&shown)))
+            // (A refusal's line is escaped when printed, control characters included.)
+            CliError::Refused(format!("unknown channel '{shown}'{more}: {m}"))
         }
         ChannelPauseError::Invalid(m) => CliError::Usage(ConfigError(esc(&m))),
         ChannelPauseError::Database(e) => db_failed("changing the channel failed", &e),

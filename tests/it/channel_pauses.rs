@@ -393,13 +393,17 @@ async fn hostile_channels_and_reasons_are_refused_in_one_line() {
     let long_channel = "w".repeat(10_000);
     let long_reason = "r".repeat(10_000);
     let cases: Vec<(Vec<&str>, i32, &str)> = vec![
-        (vec!["--pause", "sms"], 1, "unknown channel \"sms\""),
+        (
+            vec!["--pause", "sms"],
+            1,
+            "unknown channel 'sms': channel must be",
+        ),
         (vec!["--pause", "Webhook"], 1, "unknown channel"),
         (vec!["--pause", ""], 1, "unknown channel"),
         (
             vec!["--pause", "web\nhook"],
             1,
-            "unknown channel \"web\\\\nhook\"",
+            "unknown channel 'web\\nhook'",
         ),
         (vec!["--pause", "web\u{1b}[31mhook"], 1, "unknown channel"),
         (vec!["--pause", &long_channel], 1, "unknown channel"),
