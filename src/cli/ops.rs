@@ -177,7 +177,15 @@ fn opt(o: &Option<String>) -> String {
 /// `show`'s text output, first part: the message's own fields, then a blank line.
 fn print_message(detail: &MessageDetail) {
     out!("message {} ({})", detail.id, esc(&detail.message_key));
-    out!("  channel      {}", esc(&detail.channel));
+    if detail.paused_channel {
+        out!(
+            "  channel      {} (paused: not sent until `outboxd channels --resume {}`)",
+            esc(&detail.channel),
+            esc(&detail.channel)
+        );
+    } else {
+        out!("  channel      {}", esc(&detail.channel));
+    }
     out!("  state        {}", esc(&detail.state));
     out!(
         "  attempts     {}/{} (retry ambiguous: {})",

@@ -217,6 +217,22 @@ async fn a_paused_webhook_channel_sends_nothing_until_resumed() {
         "all due, no attempt counted, no history row"
     );
 
+    // `show` says why a message of a paused channel waits.
+    let shown = cli(&db, &["show", "--json", "w:0"]);
+    let detail: Value = serde_json::from_str(&shown.stdout).unwrap();
+    assert_eq!(detail["paused_channel"], true, "{detail}");
+    let shown = cli(&db, &["show", "w:0"]);
+    assert!(
+        shown.stdout.contains(
+            "channel      webhook (paused: not sent until `outboxd channels --resume webhook`)"
+        ),
+        "{}",
+        shown.stdout
+    );
+    let shown = cli(&db, &["show", "--json", "h1:0"]);
+    let detail: Value = serde_json::from_str(&shown.stdout).unwrap();
+    assert_eq!(detail["paused_channel"], false, "{detail}");
+
     let status = cli(&db, &["status", "--json"]);
     let st: Value = serde_json::from_str(&status.stdout).unwrap();
     assert_eq!(st["paused_channels"], json!(["webhook"]), "{st}");
@@ -643,6 +659,15 @@ mod console {
     #[tokio::test]
     async fn pause_and_resume_a_channel_from_the_console() {
         let db = TestDb::new().await;
+        // An e-mail that waits (no worker runs here): its page says when its channel is paused.
+        let mail = outboxd::NewMessage::email(
+            "mail:1",
+            json!({"from": "shop@example.com", "to": ["a@example.com"], "text": "hi"}),
+        );
+        let id = outboxd::enqueue(&db.client().await, &mail)
+            .await
+            .unwrap()
+            .id;
         let console = Console::start(&db);
         let res = http().get(console.url("/channels")).send().await.unwrap();
         assert_eq!(res.status(), 303);
@@ -726,6 +751,12 @@ mod console {
         );
         assert!(!page.contains("<script>"), "{page}");
         assert!(page.contains("id=\"resume-email\""), "{page}");
+        let page = get(&console.url(&format!("/message/{id}")), &s.cookie)
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert!(page.contains("id=\"paused-channel\""), "{page}");
 
         // A bad reason, an unknown channel or action: one line, nothing changed.
         let (status, page) = post(
