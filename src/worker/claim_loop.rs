@@ -306,7 +306,8 @@ impl ClaimLoop {
             let s = shared.clone();
             tokio::spawn(async move {
                 // A channel resumed: the claim that started with this refresh left it out.
-                if s.pauses.run_refresh(&s.pools.general).await {
+                // Marked stale while this refresh ran: the loop starts another at once.
+                if s.pauses.run_refresh(&s.pools.general).await || s.pauses.is_stale() {
                     s.wake.notify_one();
                 }
             });

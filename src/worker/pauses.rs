@@ -69,6 +69,12 @@ impl Pauses {
         *lock(&self.refreshed) = None;
     }
 
+    /// Marked stale ([`Pauses::mark_stale`]) since the last refresh began: one that was
+    /// running then may have read the pauses before the resume.
+    pub(super) fn is_stale(&self) -> bool {
+        lock(&self.refreshed).is_none()
+    }
+
     /// Whether a refresh is due (at most once per `every`) and none is running; if so, it
     /// counts as begun, and [`Pauses::run_refresh`] must follow.
     pub(super) fn begin_refresh(&self, every: Duration) -> bool {
