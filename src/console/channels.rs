@@ -7,7 +7,7 @@
 //! through the CLI's functions (`outbox.pause_channel`, `outbox.resume_channel`), recorded
 //! as `console:<name>`. A channel paused or resumed by someone else between the two steps
 //! makes the action refused (409). Both steps check the CSRF token first. The overview
-//! shows the same table ([`section`]), a paused channel first and in red.
+//! shows the same table ([`table`]) and, at its top, a paused channel in red ([`notice`]).
 
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
@@ -28,9 +28,8 @@ fn href(channel: &str) -> String {
     format!("/channels/{channel}")
 }
 
-/// The channels' table with a Pause or Resume button each (the button leads to the
-/// confirmation page); above it, in red, which channels are paused, by whom and why.
-pub(crate) fn section(signed: &Signed, clock: &Clock, channels: &[ChannelPause]) -> Markup {
+/// In red, which channels are paused, by whom, since when and why (nothing when none is).
+pub(crate) fn notice(clock: &Clock, channels: &[ChannelPause]) -> Markup {
     let paused: Vec<&ChannelPause> = channels.iter().filter(|c| c.paused).collect();
     html! {
         @if !paused.is_empty() {
@@ -46,6 +45,13 @@ pub(crate) fn section(signed: &Signed, clock: &Clock, channels: &[ChannelPause])
                 }
             }
         }
+    }
+}
+
+/// The channels' table with a Pause or Resume button each (the button leads to the
+/// confirmation page).
+pub(crate) fn table(signed: &Signed, clock: &Clock, channels: &[ChannelPause]) -> Markup {
+    html! {
         section.scroll id="channels" {
             h2 { "Channels" }
             table.rows {
@@ -108,7 +114,7 @@ async fn read(c: &tokio_postgres::Client) -> Result<(Clock, Vec<ChannelPause>), 
 pub(crate) async fn page(State(app): State<Shared>, signed: Signed) -> Result<Response, Failure> {
     let c = client(&app).await?;
     let (clock, channels) = read(&c).await?;
-    let body = section(&signed, &clock, &channels);
+    let body = html! { (notice(&clock, &channels)) (table(&signed, &clock, &channels)) };
     Ok(layout::page("Channels", Some(&signed), body).into_response())
 }
 
