@@ -1882,4 +1882,110 @@ REVOKE ALL ON FUNCTION outbox.resume_destination(host text, actor text) FROM PUB
 
 REVOKE ALL ON FUNCTION outbox.set_endpoint(name text, url text, auth_header text, auth_secret text, idempotency_header text, key_ttl interval, headers jsonb) FROM PUBLIC;
 
+-- Channels paused by a person (outbox.pause_channel): one row per paused channel, gone
+-- on resume. Workers leave a paused channel out of their claims, so its messages stay due,
+-- unsent and uncounted, until it is resumed.
+CREATE TABLE outbox.paused_channels (
+    channel text NOT NULL,
+    paused_at timestamp with time zone DEFAULT now() NOT NULL,
+    paused_by text NOT NULL,
+    pause_reason text,
+    CONSTRAINT paused_channels_channel_check CHECK ((channel = ANY (ARRAY['webhook'::text, 'http'::text, 'email'::text]))),
+    CONSTRAINT paused_channels_pkey PRIMARY KEY (channel)
+);
+
+-- What operators did to channels (pause, resume): who, when, why. The paused channel's own
+-- row keeps only its present state.
+CREATE TABLE outbox.channel_actions (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    channel text NOT NULL,
+    action text NOT NULL,
+    actor text NOT NULL,
+    reason text,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT channel_actions_action_check CHECK ((action = ANY (ARRAY['paused'::text, 'resumed'::text])))
+);
+
+-- The channel an operator names, or NULL when it is none of outboxd's channels.
+CREATE FUNCTION outbox.channel_name(channel text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT channel_name.channel WHERE channel_name.channel = ANY (ARRAY['webhook', 'http', 'email'])
+$$;
+
+-- Pause a whole channel by hand (a provider's incident: the SMTP relay is down): workers
+-- claim none of its messages until outbox.resume_channel, so nothing is sent, no attempt
+-- is counted and no history row is written; its messages stay due. Workers learn of it
+-- within a poll interval; attempts already under way finish. 22023 naming `channel` for a
+-- channel that is not `webhook`, `http` or `email`; the reason follows
+-- outbox.reason_problem. Pausing a paused channel changes nothing (`paused` false): the
+-- first pause's who, when and why stay. Recorded in outbox.channel_actions with the actor
+-- (the caller's role by default).
+--   SELECT * FROM outbox.pause_channel('email', 'SMTP relay down');
+CREATE FUNCTION outbox.pause_channel(channel text, reason text DEFAULT NULL::text, actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(name text, paused boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_channel text := outbox.channel_name(pause_channel.channel);
+    v_problem text := outbox.reason_problem(reason);
+    v_actor   text := coalesce(actor, session_user::text);
+    v_added   int;
+BEGIN
+    IF v_channel IS NULL THEN
+        RAISE EXCEPTION 'channel must be ''webhook'', ''http'' or ''email''; nothing paused'
+            USING ERRCODE = '22023', COLUMN = 'channel';
+    END IF;
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%; nothing paused', v_problem USING ERRCODE = '22023', COLUMN = 'reason';
+    END IF;
+    INSERT INTO outbox.paused_channels AS p (channel, paused_by, pause_reason)
+    VALUES (v_channel, v_actor, reason)
+    ON CONFLICT ON CONSTRAINT paused_channels_pkey DO NOTHING;
+    GET DIAGNOSTICS v_added = ROW_COUNT;
+    IF v_added = 0 THEN
+        RETURN QUERY SELECT v_channel, false;
+        RETURN;
+    END IF;
+    INSERT INTO outbox.channel_actions (channel, action, actor, reason)
+    VALUES (v_channel, 'paused', v_actor, reason);
+    RETURN QUERY SELECT v_channel, true;
+END
+$$;
+
+-- Resume a paused channel: its messages are claimed again at once (idle workers are woken
+-- at commit, and read the paused channels again). 22023 naming `channel` for an unknown channel; one that is not paused is
+-- left as it is (`resumed` false). Recorded in outbox.channel_actions with the actor.
+--   SELECT * FROM outbox.resume_channel('email');
+CREATE FUNCTION outbox.resume_channel(channel text, actor text DEFAULT (CURRENT_USER)::text) RETURNS TABLE(name text, resumed boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_channel text := outbox.channel_name(resume_channel.channel);
+    v_removed int;
+BEGIN
+    IF v_channel IS NULL THEN
+        RAISE EXCEPTION 'channel must be ''webhook'', ''http'' or ''email''; nothing resumed'
+            USING ERRCODE = '22023', COLUMN = 'channel';
+    END IF;
+    DELETE FROM outbox.paused_channels p WHERE p.channel = v_channel;
+    GET DIAGNOSTICS v_removed = ROW_COUNT;
+    IF v_removed = 0 THEN
+        RETURN QUERY SELECT v_channel, false;
+        RETURN;
+    END IF;
+    INSERT INTO outbox.channel_actions (channel, action, actor)
+    VALUES (v_channel, 'resumed', coalesce(actor, session_user::text));
+    -- The payload tells the workers to read the paused channels again before they claim.
+    PERFORM pg_notify('outbox_messages', 'channel resumed');
+    RETURN QUERY SELECT v_channel, true;
+END
+$$;
+
+REVOKE ALL ON FUNCTION outbox.pause_channel(channel text, reason text, actor text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION outbox.resume_channel(channel text, actor text) FROM PUBLIC;
+
 RESET check_function_bodies;

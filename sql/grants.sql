@@ -85,3 +85,12 @@ GRANT SELECT, INSERT ON outbox.destination_actions TO outbox_worker;
 -- The backlog samples: every worker records one row a minute and deletes those older than
 -- a day; the console reads them.
 GRANT SELECT, INSERT, DELETE ON outbox.backlog_samples TO outbox_worker;
+-- Pausing a channel: the operator CLI and the console pause and resume through these, and
+-- read the paused channels and what operators did to channels; every worker reads the
+-- paused channels.
+GRANT EXECUTE ON FUNCTION
+    outbox.pause_channel(text, text, text),
+    outbox.resume_channel(text, text)
+    TO outbox_worker;
+GRANT SELECT ON outbox.paused_channels TO outbox_worker;
+GRANT SELECT ON outbox.channel_actions TO outbox_worker;

@@ -36,6 +36,8 @@ pub const OLDEST_DUE: &str = "outboxd_oldest_due_seconds";
 pub const DESTINATIONS_OPEN: &str = "outboxd_destinations_open";
 /// Destinations a person has paused (read at scrape time).
 pub const DESTINATIONS_PAUSED: &str = "outboxd_destinations_paused";
+/// Channels a person has paused (read at scrape time).
+pub const CHANNELS_PAUSED: &str = "outboxd_channels_paused";
 /// 1 when the last scrape read the counts above from the database, 0 when it could not:
 /// those gauges then keep their last values, which must not pass for a quiet queue.
 pub const DATABASE_UP: &str = "outboxd_database_up";
@@ -129,6 +131,10 @@ pub fn install() -> Result<PrometheusHandle, ConfigError> {
         "Destinations a person has paused (outboxd destinations --pause)."
     );
     metrics::describe_gauge!(
+        CHANNELS_PAUSED,
+        "Channels a person has paused (outboxd channels --pause)."
+    );
+    metrics::describe_gauge!(
         DATABASE_UP,
         "1 when this scrape read the message counts from the database, 0 when it could not (they keep their last values)."
     );
@@ -199,6 +205,7 @@ async fn metrics_route(State(st): State<AppState>) -> impl IntoResponse {
             metrics::gauge!(OLDEST_DUE).set(s.oldest_due_seconds);
             metrics::gauge!(DESTINATIONS_OPEN).set(s.open_destinations as f64);
             metrics::gauge!(DESTINATIONS_PAUSED).set(s.paused_destinations as f64);
+            metrics::gauge!(CHANNELS_PAUSED).set(s.paused_channels as f64);
         }
         Ok(Err(e)) => tracing::warn!(error = %e, "metrics: cannot read message counts"),
         Err(_) => tracing::warn!("metrics: reading message counts timed out"),

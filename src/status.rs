@@ -65,6 +65,9 @@ pub struct Status {
     pub open_destinations: i64,
     /// Destinations a person has paused (`outboxd destinations --pause`).
     pub paused_destinations: i64,
+    /// Channels a person has paused (`outboxd channels --pause`), by name: no worker
+    /// claims their messages until they are resumed.
+    pub paused_channels: Vec<String>,
     /// The same counts per channel (every channel present, zeros included).
     pub by_channel: BTreeMap<String, Counts>,
     /// The due messages per channel (every channel present, zeros included).
@@ -123,6 +126,8 @@ pub struct BoundedCounts {
     pub open_destinations: i64,
     /// As in [`Status::paused_destinations`].
     pub paused_destinations: i64,
+    /// How many of [`Status::paused_channels`].
+    pub paused_channels: i64,
 }
 
 /// The default cap of [`bounded_counts`]: each state costs at most this many index entries
@@ -153,6 +158,7 @@ pub async fn bounded_counts<C: GenericClient>(
     out.oldest_due_seconds = oldest_due_seconds(client).await?;
     out.open_destinations = open_destinations(client).await?;
     out.paused_destinations = paused_destinations(client).await?;
+    out.paused_channels = paused_channels(client).await?.len() as i64;
     Ok(out)
 }
 
@@ -170,6 +176,18 @@ async fn paused_destinations<C: GenericClient>(client: &C) -> Result<i64, tokio_
         .query_one(queries::PAUSED_DESTINATIONS, &[])
         .await?
         .get(0))
+}
+
+/// The channels paused by a person, by name (at most three rows).
+async fn paused_channels<C: GenericClient>(
+    client: &C,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    Ok(client
+        .query(queries::PAUSED_CHANNELS, &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
 }
 
 async fn oldest_due_seconds<C: GenericClient>(client: &C) -> Result<f64, tokio_postgres::Error> {
@@ -204,5 +222,6 @@ pub async fn status<C: GenericClient>(client: &C) -> Result<Status, tokio_postgr
     st.blocked_groups = client.query_one(queries::BLOCKED_GROUPS, &[]).await?.get(0);
     st.open_destinations = open_destinations(client).await?;
     st.paused_destinations = paused_destinations(client).await?;
+    st.paused_channels = paused_channels(client).await?;
     Ok(st)
 }

@@ -59,6 +59,8 @@ pub enum Command {
     Destinations(DestinationsArgs),
     /// Set, list or remove the provider endpoints that http messages name.
     Endpoint(EndpointArgs),
+    /// List the channels, paused or not; pause or resume a whole channel.
+    Channels(super::channels::ChannelsArgs),
 }
 
 /// Which command's help lists the environment: the top command lists every variable,

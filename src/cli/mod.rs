@@ -1,9 +1,9 @@
 //! The command line: `outboxd migrate | run | enqueue | status | dead | held | show | replay |
-//! approve | cancel | confirm | purge | console | destinations | endpoint`.
+//! approve | cancel | confirm | purge | console | destinations | endpoint | channels`.
 //!
 //! [`dispatch`] is what `main` calls. The clap definitions are in `args`, the daemon in
-//! `run`, `enqueue` in its namesake, the operator commands in `ops`, `endpoint` and
-//! `destinations` in their namesakes; settings are assembled
+//! `run`, `enqueue` in its namesake, the operator commands in `ops`, `endpoint`,
+//! `destinations` and `channels` (its flags too) in their namesakes; settings are assembled
 //! and validated by [`crate::config::assemble`], which this module feeds.
 //!
 //! Flags also read `OUTBOXD_<FLAG>` (a flag beats the variable). A variable that is set to
@@ -37,6 +37,7 @@ pub fn say(line: std::fmt::Arguments<'_>) {
 }
 
 mod args;
+mod channels;
 mod console;
 mod destinations;
 mod endpoint;
@@ -50,6 +51,7 @@ pub use args::{
     EnqueueArgs, HeldArgs, MigrateArgs, PurgeArgs, ReplayArgs, RunArgs, ShowArgs, StatusArgs,
     TargetsArgs,
 };
+pub use channels::ChannelsArgs;
 pub use run::worker_settings;
 
 use crate::model::ConfigError;
@@ -235,6 +237,7 @@ pub async fn dispatch(cli: Cli, env: Env) -> Result<(), CliError> {
         Command::Console(args) => console::console(args, &env).await,
         Command::Destinations(args) => destinations::destinations(args, &env).await,
         Command::Endpoint(args) => endpoint::endpoint(args, &env).await,
+        Command::Channels(args) => channels::channels(args, &env).await,
     }
 }
 

@@ -88,6 +88,14 @@ pub(super) async fn status(args: StatusArgs, env: &Env) -> Result<(), CliError> 
         "paused destinations: {} (nothing is sent to them until resumed)",
         st.paused_destinations
     );
+    if st.paused_channels.is_empty() {
+        out!("paused channels: none");
+    } else {
+        out!(
+            "paused channels: {} (none of their messages is sent until resumed; outboxd channels says by whom and why)",
+            esc(&st.paused_channels.join(", "))
+        );
+    }
     Ok(())
 }
 
@@ -169,7 +177,15 @@ fn opt(o: &Option<String>) -> String {
 /// `show`'s text output, first part: the message's own fields, then a blank line.
 fn print_message(detail: &MessageDetail) {
     out!("message {} ({})", detail.id, esc(&detail.message_key));
-    out!("  channel      {}", esc(&detail.channel));
+    if detail.paused_channel {
+        out!(
+            "  channel      {} (paused: not sent until `outboxd channels --resume {}`)",
+            esc(&detail.channel),
+            esc(&detail.channel)
+        );
+    } else {
+        out!("  channel      {}", esc(&detail.channel));
+    }
     out!("  state        {}", esc(&detail.state));
     out!(
         "  attempts     {}/{} (retry ambiguous: {})",

@@ -44,6 +44,7 @@ pub(crate) fn page_refreshing(
                             a href="/messages" { "Messages" }
                             a href="/endpoints" { "Endpoints" }
                             a href="/destinations" { "Destinations" }
+                            a href="/channels" { "Channels" }
                         }
                         form action="/lookup" method="get" role="search" {
                             input type="search" name="q" placeholder="id or key" aria-label="id or key" maxlength="255";

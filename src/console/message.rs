@@ -70,7 +70,12 @@ fn body(d: &MessageDetail, signed: &Signed, clock: &Clock) -> Markup {
         section {
             dl id="fields" {
                 dt { "key" } dd id="key" { (t(&d.message_key)) }
-                dt { "channel" } dd { (t(&d.channel)) }
+                dt { "channel" } dd {
+                    (t(&d.channel))
+                    @if d.paused_channel {
+                        span id="paused-channel" { " (" a href="/channels" { "paused" } ": not sent until a person resumes the channel)" }
+                    }
+                }
                 dt { "state" } dd id="state" { b { (t(&d.state)) } }
                 dt { "attempts" } dd { (d.attempts) " of " (d.max_attempts) " (retry ambiguous: " (d.retry_ambiguous) ")" }
                 @if let Some(k) = &d.ordering_key { dt { "ordering key" } dd { (t(k)) } }

@@ -9,8 +9,9 @@
 //! `action` (the confirmation step and the change); `messages` (every message, filtered
 //! and paged by id), `endpoints` (the http channel's endpoints, names of secrets only),
 //! `destinations` (what waits for each destination; pause, resume, close, with their own
-//! confirmation step), `charts` (the overview's latency and backlog charts) and `time`
-//! (the one formatter of times, relative to the database's clock).
+//! confirmation step), `charts` (the overview's latency and backlog charts), `time`
+//! (the one formatter of times, relative to the database's clock) and `channels` (pause
+//! and resume a whole channel, with the same confirmation step).
 //!
 //! Security, in one place so that it can be checked in one place:
 //! * no page without a session; sign-in with `OUTBOXD_CONSOLE_TOKEN` (compared in constant
@@ -34,6 +35,7 @@
 
 mod action;
 mod auth;
+mod channels;
 mod charts;
 mod dead;
 mod destinations;
@@ -170,6 +172,8 @@ fn router(app: Shared) -> axum::Router {
             "/destinations/{host}",
             get(destinations::page).post(destinations::post),
         )
+        .route("/channels", get(channels::page))
+        .route("/channels/{channel}", post(channels::post))
         .route("/signin", get(signin::signin_page).post(signin::signin))
         .route("/signout", post(auth::signout))
         .route("/style.css", get(stylesheet))

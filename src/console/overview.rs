@@ -64,8 +64,13 @@ pub(crate) async fn page(
         .await
         .map_err(|e| Failure::db(&e))?;
     let channels: Vec<&String> = st.by_channel.keys().collect();
+    let channel_pauses = crate::ops::channels(&**c)
+        .await
+        .map_err(|e| Failure::db(&e))?;
     let body = html! {
         (refresh_links(refresh))
+        // First: a paused channel sends nothing, whatever the counts below say.
+        (super::channels::notice(&clock, &channel_pauses))
         section.scroll {
             h2 { "Messages by state" }
             table id="counts" {
@@ -127,6 +132,7 @@ pub(crate) async fn page(
             }
             p { a href="/destinations" id="all-destinations" { "All destinations, what waits for each, pause and resume" } }
         }
+        (super::channels::table(&signed, &clock, &channel_pauses))
         section.chart {
             h2 { "Deliveries and failures per minute, last hour" }
             (chart(minutes))

@@ -8,9 +8,9 @@
 //!
 //! One room per concern: `dead` letters, `held` messages, one message's story (`show`),
 //! `replay`, the `checkpoint`s and the `seen`-state check they and replay share, `purge`,
-//! the `destinations` (listing, pause, resume, close), the http channel's `endpoints`, and
-//! the console's `activity` chart, its listing of every message (`messages`) and its
-//! destination pages (`waiting`). This file names
+//! the `destinations` (listing, pause, resume, close), the `channels` a person paused, the
+//! http channel's `endpoints`, and the console's `activity` chart, its listing of every
+//! message (`messages`) and its destination pages (`waiting`). This file names
 //! messages ([`Target`], [`resolve`]) and holds the timestamp helpers they all print with.
 
 use tokio_postgres::GenericClient;
@@ -19,6 +19,7 @@ use tokio_postgres::types::Type;
 use crate::queries;
 
 mod activity;
+mod channels;
 mod checkpoint;
 mod dead;
 mod destinations;
@@ -34,6 +35,10 @@ mod waiting;
 pub use activity::{
     Activity, BacklogMinute, BacklogSample, MinuteCount, MinuteLatency, Percentiles,
     activity_per_minute, backlog_per_minute, sample_backlog,
+};
+pub use channels::{
+    ChannelChange, ChannelPause, ChannelPauseError, channels, pause_channel, paused_channels,
+    resume_channel,
 };
 pub use checkpoint::{
     Checkpoint, CheckpointError, checkpoint, checkpoint_as_seen, checkpoint_dry_run,

@@ -84,6 +84,9 @@ pub struct MessageDetail {
     /// The paused destination that holds it back, while it is unfinished and a person has
     /// paused its destination (or its lookup's): it is not sent until they resume it.
     pub paused_destination: Option<String>,
+    /// It is pending and a person paused its channel (`outbox.pause_channel`): no worker
+    /// claims it until they resume the channel.
+    pub paused_channel: bool,
     /// Every attempt and operator action, oldest first.
     pub history: Vec<AttemptRecord>,
     /// What an operator can do about it now ([`next_steps`]): empty but for a dead letter.
@@ -195,6 +198,7 @@ pub async fn show<C: GenericClient>(
         ordering_key: r.get(19),
         key_expires_at: ts(20),
         paused_destination: r.get(22),
+        paused_channel: r.get(23),
         history: Vec::new(),
         next_steps: Vec::new(),
     };

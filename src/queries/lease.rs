@@ -322,7 +322,8 @@ RETURNING m.id
 /// (due or not) or `running`: what `--drain` waits for. A message held back by a paused
 /// destination waits for a person, as a held one does, and is not waited for: it is due at
 /// its destination's `parked_until`, a century after the pause, and nothing else is due
-/// that late.
+/// that late. Nor is a pending message of a paused channel (`outbox.pause_channel`): the
+/// workers claim none of them until a person resumes it.
 ///
 /// One ordered `LIMIT 1` per state, so each is answered from the first entry of that
 /// state's partial index (`messages_due_idx`, `messages_lease_idx`). (A plain `EXISTS` lets
@@ -333,6 +334,7 @@ SELECT (SELECT id FROM outbox.messages
         WHERE state = 'pending' AND channel = ANY($1::text[])
           AND NOT coalesce(run_after >= (SELECT min(d.parked_until) FROM outbox.destinations d
                                          WHERE d.paused_at IS NOT NULL), false)
+          AND channel <> ALL (ARRAY(SELECT p.channel FROM outbox.paused_channels p))
         ORDER BY run_after, id LIMIT 1) IS NOT NULL
     OR (SELECT id FROM outbox.messages
         WHERE state = 'running' AND channel = ANY($1::text[])

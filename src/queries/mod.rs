@@ -9,10 +9,11 @@
 //! `enqueue` (the application's), `migrate`, `status`, `ops` (operators and the console),
 //! `endpoints` (the operators' endpoint commands and the worker's reading of the table),
 //! `breakers`, `destinations` (pauses, and the console's destination pages) and `console`
-//! (the console's listing of every message). Each re-exported here, so a statement is
-//! `queries::NAME` wherever it lives.
+//! (the console's listing of every message); `channels` (channels a person paused). Each
+//! re-exported here, so a statement is `queries::NAME` wherever it lives.
 
 mod breakers;
+mod channels;
 mod connection;
 mod console;
 mod destinations;
@@ -24,6 +25,7 @@ mod ops;
 mod status;
 
 pub use breakers::*;
+pub use channels::*;
 pub use connection::*;
 pub use console::*;
 pub use destinations::*;

@@ -68,7 +68,7 @@ WHERE id = ANY($1::bigint[]) OR message_key = ANY($2::text[])
 /// key window closes (`outbox.key_expires_at`: http only, NULL otherwise), whether it
 /// has closed (by the database's clock), and the paused destination that holds it back (an
 /// unfinished message whose destination or lookup's destination a person paused; NULL
-/// otherwise).
+/// otherwise), and whether it is a pending message of a channel a person paused.
 pub const SHOW_MESSAGE: &str = r#"
 SELECT m.id, m.message_key, m.channel, m.state, m.attempts, m.max_attempts,
        m.retry_ambiguous, m.payload, m.run_after, m.lease_owner, m.lease_expires_at,
@@ -80,7 +80,9 @@ SELECT m.id, m.message_key, m.channel, m.state, m.attempts, m.max_attempts,
        (SELECT d.host FROM outbox.destinations d
         WHERE m.state IN ('pending', 'running', 'held') AND d.paused_at IS NOT NULL
           AND d.host IN (m.destination, m.lookup_destination)
-        ORDER BY d.host LIMIT 1) AS paused_destination
+        ORDER BY d.host LIMIT 1) AS paused_destination,
+       m.state = 'pending' AND EXISTS (SELECT 1 FROM outbox.paused_channels p
+                                       WHERE p.channel = m.channel) AS paused_channel
 FROM outbox.messages m WHERE m.id = $1
 "#;
 

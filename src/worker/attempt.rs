@@ -153,6 +153,11 @@ pub(super) fn spawn_attempt(
 /// lease that may run out mid-request (another worker would then send it again while this
 /// request is still in flight).
 pub(super) async fn attempt_if_it_fits(shared: &Shared, msg: Job, claimed_at: Instant) -> Done {
+    // A channel paused since the claim: given back unsent and uncounted (due at once,
+    // or parked if its destination is paused too); the claims leave the channel out.
+    if shared.pauses.holds_channel(msg.channel) {
+        return Done::deferred(msg.msg, DeferReason::Paused, Duration::ZERO);
+    }
     // A breaker that opened while this row waited for its slot stops it here. Asked first,
     // so that the lease check below counts the time it may wait for a failure's record.
     if let Some(host) = msg.destination.as_deref() {

@@ -187,6 +187,16 @@ impl ClaimLoop {
                     for lane in &mut self.lanes {
                         lane.armed = true;
                     }
+                    // With every lane's channels paused no claim comes back to ask.
+                    if matches!(event, Event::Timer)
+                        && self
+                            .lanes
+                            .iter()
+                            .all(|l| self.shared.pauses.unpaused(&l.channels).is_empty())
+                        && self.drained().await
+                    {
+                        return;
+                    }
                 }
             }
         }
@@ -294,7 +304,13 @@ impl ClaimLoop {
         }
         if shared.pauses.begin_refresh(cfg.poll_interval) {
             let s = shared.clone();
-            tokio::spawn(async move { s.pauses.run_refresh(&s.pools.general).await });
+            tokio::spawn(async move {
+                // A channel resumed: the claim that started with this refresh left it out.
+                // Marked stale while this refresh ran: the loop starts another at once.
+                if s.pauses.run_refresh(&s.pools.general).await || s.pauses.is_stale() {
+                    s.wake.notify_one();
+                }
+            });
         }
         if self.plans_made.elapsed() >= super::PLAN_REFRESH {
             shared.pools.refresh_plans();
@@ -325,6 +341,15 @@ impl ClaimLoop {
             if self.claims.len() >= MAX_CLAIMS {
                 break;
             }
+            // Paused channels are left out of the claim; a lane whose channels are all
+            // paused claims nothing, as if it had found nothing (for `--drain`), and stays
+            // armed for the resume.
+            let channels = shared.pauses.unpaused(&lane.channels);
+            if channels.is_empty() {
+                lane.backlog = false;
+                lane.last_picked = Some(0);
+                continue;
+            }
             // With a backlog, wait until a useful number of slots is free so each claim
             // fetches a batch rather than one row per finished delivery; when the queue
             // is idle, any free slot takes a new message at once.
@@ -338,7 +363,6 @@ impl ClaimLoop {
             // happens; one with a backlog may start its second claim at once.
             lane.armed = lane.backlog;
             let shared = shared.clone();
-            let channels = lane.channels.clone();
             let claimed_at = Instant::now();
             let token = claim::new_token();
             // Bounded: a database that stops answering must not hold the lane's places
@@ -408,11 +432,14 @@ impl ClaimLoop {
         let picked = batch.len();
         crate::metrics::claim_batch(picked);
         for msg in batch {
-            // A paused destination or an open circuit: the row goes back unsent and
-            // uncounted, without a task (the delivery task never touches the database).
-            // The pause is asked first: a paused host takes no probe.
-            if let Some(host) = &msg.destination {
-                let held = if shared.pauses.holds(host) {
+            // A paused channel (claimed before this worker saw the pause), a paused
+            // destination or an open circuit: the row goes back unsent and uncounted,
+            // without a task (the delivery task never touches the database). The pauses
+            // are asked first: a paused host takes no probe.
+            let held = if shared.pauses.holds_channel(msg.channel) {
+                Some((DeferReason::Paused, Duration::ZERO))
+            } else if let Some(host) = &msg.destination {
+                if shared.pauses.holds(host) {
                     Some((DeferReason::Paused, Duration::ZERO))
                 } else if let Gate::Defer(delay) = shared
                     .breakers
@@ -422,15 +449,17 @@ impl ClaimLoop {
                     Some((DeferReason::Breaker, delay))
                 } else {
                     None
-                };
-                if let Some((reason, delay)) = held {
-                    shared.inflight.fetch_add(1, Ordering::SeqCst);
-                    let _ = self
-                        .done_tx
-                        .send(Done::deferred(msg.msg, reason, delay))
-                        .await;
-                    continue;
                 }
+            } else {
+                None
+            };
+            if let Some((reason, delay)) = held {
+                shared.inflight.fetch_add(1, Ordering::SeqCst);
+                let _ = self
+                    .done_tx
+                    .send(Done::deferred(msg.msg, reason, delay))
+                    .await;
+                continue;
             }
             spawn_attempt(
                 &mut self.tasks,
@@ -455,11 +484,19 @@ impl ClaimLoop {
             *idle = !busy;
             changed
         });
+        self.drained().await
+    }
+
+    /// With `--drain`: true when every lane's last claim found nothing (a lane whose
+    /// channels are all paused counts as such), nothing is in flight and nothing is left
+    /// for this worker's channels ([`drain_done`]).
+    async fn drained(&self) -> bool {
+        let shared = &self.shared;
         shared.cfg.drain
             && self.claims.is_empty()
             && self.lanes.iter().all(|l| l.last_picked == Some(0))
             && shared.inflight.load(Ordering::SeqCst) == 0
-            && match drain_done(&shared).await {
+            && match drain_done(shared).await {
                 Ok(done) => {
                     if done {
                         tracing::info!(

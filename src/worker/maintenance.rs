@@ -148,9 +148,10 @@ impl WarnThrottle {
 
 /// The unserved watch: a message of a channel no running worker serves (e-mail enqueued
 /// while every worker runs without `OUTBOXD_SMTP_URL`) would wait silently. Now and every
-/// `every`, this worker looks for due messages of the channels it does not serve whose
-/// oldest has been due for [`UNSERVED_AFTER`], and warns, per channel at most once per
-/// [`UNSERVED_WARN_EVERY`]: how many are due and for how long. Workers record nowhere
+/// `every`, this worker looks for due messages of the channels it does not serve (nor a
+/// person paused: `outbox.pause_channel`) whose oldest has been due for
+/// [`UNSERVED_AFTER`], and warns, per channel at most once per [`UNSERVED_WARN_EVERY`]:
+/// how many are due and for how long. Workers record nowhere
 /// which channels they serve, so a worker cannot tell an unserved channel from one whose
 /// workers are far behind; the warning asks, and `outboxd status` shows each channel's due
 /// messages and the age of the oldest.
@@ -166,7 +167,17 @@ pub async fn unserved_watch(
     loop {
         let read = bounded(async {
             let client = checkout(&pool).await?;
-            crate::status::due_by_channel(&**client, &served_names, Some(UNSERVED_READ))
+            // A paused channel's messages wait for a person, not for a worker.
+            let paused: Vec<String> = client
+                .query(crate::queries::PAUSED_CHANNELS, &[])
+                .await
+                .map_err(|e| crate::db::failed(&e))?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let mut leave_out = served_names.clone();
+            leave_out.extend(paused.iter().map(String::as_str));
+            crate::status::due_by_channel(&**client, &leave_out, Some(UNSERVED_READ))
                 .await
                 .map_err(|e| crate::db::failed(&e))
         });

@@ -6,6 +6,10 @@
 //! (one that came due later, or was claimed before this worker saw the pause) is given back
 //! unsent and uncounted before any breaker is asked, so no probe is taken either, and parked
 //! with the rest ([`park`]). `outbox.resume_destination` makes them all due at once.
+//!
+//! Channels paused by a person (`outbox.pause_channel`) are read with them: the claim loop
+//! leaves a paused channel out of its claims, so its messages stay due, unclaimed and
+//! uncounted, until `outbox.resume_channel` (which wakes the idle workers).
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -18,6 +22,7 @@ use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
 use super::db_call::{bounded, checkout};
+use crate::model::Channel;
 use crate::queries;
 use crate::support::lock;
 
@@ -29,6 +34,8 @@ pub(super) const LOOKUP_PAUSED_WAIT: Duration = Duration::from_secs(10);
 #[derive(Default)]
 pub(super) struct Pauses {
     paused: Mutex<HashSet<String>>,
+    /// The paused channels as this worker last read them.
+    channels: Mutex<HashSet<Channel>>,
     refreshed: Mutex<Option<Instant>>,
     /// A refresh is running (the claim loop starts them in tasks of their own).
     refreshing: AtomicBool,
@@ -39,6 +46,33 @@ impl Pauses {
     pub(super) fn holds(&self, host: &str) -> bool {
         let paused = lock(&self.paused);
         !paused.is_empty() && paused.contains(host)
+    }
+
+    /// Whether `channel` was paused when last read.
+    pub(super) fn holds_channel(&self, channel: Channel) -> bool {
+        lock(&self.channels).contains(&channel)
+    }
+
+    /// `channels` without the ones paused when last read.
+    pub(super) fn unpaused(&self, channels: &[Channel]) -> Vec<Channel> {
+        let paused = lock(&self.channels);
+        channels
+            .iter()
+            .copied()
+            .filter(|c| !paused.contains(c))
+            .collect()
+    }
+
+    /// The next [`Pauses::begin_refresh`] starts one, however recent the last: a channel
+    /// was resumed.
+    pub(super) fn mark_stale(&self) {
+        *lock(&self.refreshed) = None;
+    }
+
+    /// Marked stale ([`Pauses::mark_stale`]) since the last refresh began: one that was
+    /// running then may have read the pauses before the resume.
+    pub(super) fn is_stale(&self) -> bool {
+        lock(&self.refreshed).is_none()
     }
 
     /// Whether a refresh is due (at most once per `every`) and none is running; if so, it
@@ -56,8 +90,10 @@ impl Pauses {
         true
     }
 
-    /// Reads the paused hosts; on failure keeps what it knew (and logs one line).
-    pub(super) async fn run_refresh(&self, pool: &Pool) {
+    /// Reads the paused hosts and channels; on failure keeps what it knew (and logs one line).
+    /// True when a channel paused before is paused no more: its messages are due, and the
+    /// caller wakes the claim loop.
+    pub(super) async fn run_refresh(&self, pool: &Pool) -> bool {
         // Ends the refresh however this future ends, dropped included.
         struct Ending<'a>(&'a AtomicBool);
         impl Drop for Ending<'_> {
@@ -68,22 +104,38 @@ impl Pauses {
         let _ending = Ending(&self.refreshing);
         let read = bounded(async {
             let client = checkout(pool).await?;
-            client
+            let hosts = client
                 .query(queries::PAUSED_VIEW, &[])
                 .await
-                .map_err(|e| crate::db::failed(&e))
+                .map_err(|e| crate::db::failed(&e))?;
+            let channels = client
+                .query(queries::PAUSED_CHANNELS, &[])
+                .await
+                .map_err(|e| crate::db::failed(&e))?;
+            Ok((hosts, channels))
         })
         .await;
         match read {
-            Ok(rows) => {
-                let hosts: HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
+            Ok((hosts, channels)) => {
+                let hosts: HashSet<String> = hosts.iter().map(|r| r.get(0)).collect();
                 *lock(&self.paused) = hosts;
+                let channels: HashSet<Channel> = channels
+                    .iter()
+                    .filter_map(|r| Channel::parse(r.get(0)))
+                    .collect();
+                let mut known = lock(&self.channels);
+                let resumed = known.iter().any(|c| !channels.contains(c));
+                *known = channels;
+                resumed
             }
-            Err(e) => tracing::warn!(error = %e, "reading paused destinations failed"),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading paused destinations and channels failed");
+                false
+            }
         }
     }
 
-    /// Reads the paused hosts now, whenever it last did (before the first claim).
+    /// Reads the paused hosts and channels now, whenever it last did (before the first claim).
     pub(super) async fn refresh(&self, pool: &Pool) {
         if self.begin_refresh(Duration::ZERO) {
             self.run_refresh(pool).await;

@@ -32,10 +32,15 @@ pub(super) async fn listen(
             Ok((client, mut conn)) => {
                 let made = std::time::Instant::now();
                 let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+                let heard = shared.clone();
                 let driver = tokio::spawn(async move {
                     loop {
                         match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
-                            Some(Ok(tokio_postgres::AsyncMessage::Notification(_))) => {
+                            Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                                // A resumed channel: read the pauses again before claiming.
+                                if n.payload() == queries::CHANNEL_RESUMED_PAYLOAD {
+                                    heard.pauses.mark_stale();
+                                }
                                 if tx.send(()).is_err() {
                                     return None;
                                 }

@@ -216,6 +216,10 @@ async fn metrics_health_and_json_logs() {
     c.batch_execute("SELECT outbox.pause_destination('paused.example', 'incident')")
         .await
         .unwrap();
+    // A channel paused by hand (this daemon does not serve e-mail).
+    c.batch_execute("SELECT outbox.pause_channel('email', 'relay down')")
+        .await
+        .unwrap();
     let (status, body) = http_get(&addr, "/healthz").await.expect("healthz answers");
     assert_eq!(status, 200, "{body}");
     let (status, text) = http_get(&addr, "/metrics").await.expect("metrics answers");
@@ -242,6 +246,7 @@ async fn metrics_health_and_json_logs() {
     );
     assert_eq!(value("outboxd_destinations_open"), Some(1.0), "{text}");
     assert_eq!(value("outboxd_destinations_paused"), Some(1.0), "{text}");
+    assert_eq!(value("outboxd_channels_paused"), Some(1.0), "{text}");
     assert_eq!(
         value("outboxd_messages{state=\"delivered\"}"),
         Some(2.0),

@@ -9,6 +9,7 @@ mod common;
 
 mod bad_input;
 mod breakers;
+mod channel_pauses;
 mod checkpoints;
 mod cli;
 mod cli_bad_args;

@@ -580,3 +580,63 @@ async fn the_worker_role_pauses_and_resumes_destinations_and_the_application_rol
         assert!(denied(&e), "{sql}: {e}");
     }
 }
+
+/// The worker (operator) role pauses and resumes channels and reads them and what was
+/// done to them; a pause from psql is recorded as the login that made it. The application
+/// role may do none of it.
+#[tokio::test]
+async fn the_worker_role_pauses_and_resumes_channels_and_the_application_role_cannot() {
+    let db = TestDb::new().await;
+    let (_roles, app, worker) = setup(&db).await;
+    let wc = connect(&worker).await;
+    let paused = outboxd::ops::pause_channel(&wc, "email", Some("relay down"), "ops")
+        .await
+        .unwrap();
+    assert!(paused.changed);
+    let listed = outboxd::ops::channels(&wc).await.unwrap();
+    let email = listed.iter().find(|c| c.channel == "email").unwrap();
+    assert_eq!(email.paused_by.as_deref(), Some("ops"));
+    let st = outboxd::status::status(&wc).await.unwrap();
+    assert_eq!(st.paused_channels, ["email"]);
+    let resumed = outboxd::ops::resume_channel(&wc, "email", "ops")
+        .await
+        .unwrap();
+    assert!(resumed.changed);
+    wc.batch_execute("SELECT * FROM outbox.pause_channel('webhook')")
+        .await
+        .unwrap();
+    let by: String = wc
+        .query_one(
+            "SELECT paused_by FROM outbox.paused_channels WHERE channel = 'webhook'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(by, worker.get_user().unwrap());
+    let n: i64 = wc
+        .query_one("SELECT count(*) FROM outbox.channel_actions", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 3);
+
+    let ac = connect(&app).await;
+    for sql in [
+        "SELECT * FROM outbox.pause_channel('http')",
+        "SELECT * FROM outbox.resume_channel('webhook')",
+        "DELETE FROM outbox.paused_channels",
+        "SELECT * FROM outbox.channel_actions",
+    ] {
+        let e = ac.batch_execute(sql).await.unwrap_err();
+        assert!(denied(&e), "{sql}: {e}");
+    }
+    // And the worker role cannot write the tables past the functions.
+    for sql in [
+        "DELETE FROM outbox.paused_channels",
+        "INSERT INTO outbox.channel_actions (channel, action, actor) VALUES ('email', 'paused', 'x')",
+    ] {
+        let e = wc.batch_execute(sql).await.unwrap_err();
+        assert!(denied(&e), "{sql}: {e}");
+    }
+}
