@@ -588,20 +588,24 @@ pub async fn release_lost_claim<C: GenericClient>(
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
-/// Gives back claimed messages that are not to be sent yet (`(id, token, delay)`): each is
-/// `pending` again, due after its delay, its attempt not counted and no history row written
-/// (`queries::DEFER`). Returns the ids deferred (those whose lease was still ours).
+/// Gives back claimed messages that are not to be sent yet (`(id, token, delay, breaker)`,
+/// `breaker` when the delay waits for an open circuit): each is `pending` again, due after
+/// its delay, its attempt not counted and no history row written (`queries::DEFER`, which
+/// also shortens a breaker's delay whose circuit has closed meanwhile). Returns the ids
+/// deferred (those whose lease was still ours).
 pub async fn defer<C: GenericClient>(
     client: &C,
-    rows: &[(i64, Uuid, Duration)],
+    rows: &[(i64, Uuid, Duration, bool)],
 ) -> Result<Vec<i64>, tokio_postgres::Error> {
     let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
     let tokens: Vec<Uuid> = rows.iter().map(|r| r.1).collect();
     let delays: Vec<f64> = rows.iter().map(|r| r.2.as_secs_f64()).collect();
-    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+    let breaker: Vec<bool> = rows.iter().map(|r| r.3).collect();
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
         (&ids, Type::INT8_ARRAY),
         (&tokens, Type::UUID_ARRAY),
         (&delays, Type::FLOAT8_ARRAY),
+        (&breaker, Type::BOOL_ARRAY),
     ];
     let rows = client.query_typed(queries::DEFER, &params).await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())

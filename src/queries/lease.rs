@@ -307,13 +307,25 @@ RETURNING message_id
 /// no history row is written: a deferral is a decision about when to send, made again and
 /// again while a destination is down, and a row per decision would grow the history without
 /// bound while telling an operator nothing the destination's state does not. `$1` ids, `$2`
-/// tokens, `$3` delays in seconds. Returns the ids deferred.
+/// tokens, `$3` delays in seconds, `$4` whether the delay waits for an open circuit.
+///
+/// A worker decides a breaker's deferral on its view of the breakers, read once per poll
+/// interval; a circuit closed meanwhile (by hand, or by another worker's probe) has already
+/// brought its backlog back, and a row deferred after that on the stale view would wait out
+/// a cooldown that is over. So a breaker's deferral of a row whose destination is no longer
+/// open or half-open is due within a second, by when the worker's view has caught up.
+/// Returns the ids deferred.
 pub const DEFER: &str = r#"
 UPDATE outbox.messages m SET
     state = 'pending', attempts = m.attempts - 1,
-    run_after = now() + make_interval(secs => i.delay),
+    run_after = now() + make_interval(secs => CASE
+        WHEN i.breaker AND NOT EXISTS (
+            SELECT 1 FROM outbox.destinations d
+            WHERE d.host = m.destination AND d.state <> 'closed')
+        THEN least(i.delay, 1.0)
+        ELSE i.delay END),
     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-FROM unnest($1::bigint[], $2::uuid[], $3::float8[]) AS i(id, token, delay)
+FROM unnest($1::bigint[], $2::uuid[], $3::float8[], $4::bool[]) AS i(id, token, delay, breaker)
 WHERE m.id = i.id AND m.state = 'running' AND m.lease_token = i.token
 RETURNING m.id
 "#;

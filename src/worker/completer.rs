@@ -232,7 +232,10 @@ async fn aside(
         if !deferrals.is_empty() {
             let rows: Vec<_> = deferrals
                 .iter()
-                .map(|d| (d.id, d.lease_token, d.deferral.delay))
+                .map(|d| {
+                    let breaker = d.deferral.reason == crate::state::DeferReason::Breaker;
+                    (d.id, d.lease_token, d.deferral.delay, breaker)
+                })
                 .collect();
             let deferred = retry_db!(
                 shared.pools.general,

@@ -923,3 +923,60 @@ async fn an_http_endpoints_backlog_is_held_back_and_brought_back_by_its_circuit(
     }
     w.stop().await;
 }
+
+/// A breaker's deferral decided on a worker's stale view (the circuit closed meanwhile, so
+/// its backlog was already brought back) is due within a second, not after the cooldown;
+/// one whose circuit is still open keeps its delay, and so does any other deferral.
+#[tokio::test]
+async fn a_breakers_deferral_after_the_circuit_closed_is_not_held_for_the_cooldown() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    enqueue_n(&db, "open:", "http://open.example/h", 1, 3).await;
+    enqueue_n(&db, "closed:", "http://closed.example/h", 2, 3).await;
+    c.batch_execute(
+        "INSERT INTO outbox.destinations (host, state, consecutive_failures, cooldown_seconds, open_until) VALUES \
+         ('open.example', 'open', 5, 3600, now() + interval '1 hour'), \
+         ('closed.example', 'closed', 0, 3600, NULL)",
+    )
+    .await
+    .unwrap();
+    let claimed = outboxd::claim::claim(
+        &c,
+        &[outboxd::model::Channel::Webhook],
+        10,
+        "w",
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    assert_eq!(claimed.len(), 3);
+    let hour = Duration::from_secs(3600);
+    let rows: Vec<_> = claimed
+        .iter()
+        .map(|m| {
+            // The last `closed:` row is a rate limit's deferral, not the breaker's.
+            let breaker = m.key != "closed:1";
+            (m.id, m.lease_token, hour, breaker)
+        })
+        .collect();
+    outboxd::claim::defer(&c, &rows).await.unwrap();
+    let due: Vec<(String, bool)> = c
+        .query(
+            "SELECT message_key, run_after <= now() + interval '1 second' FROM outbox.messages \
+             WHERE state = 'pending' ORDER BY message_key",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        due,
+        [
+            ("closed:0".to_owned(), true),
+            ("closed:1".to_owned(), false),
+            ("open:0".to_owned(), false),
+        ]
+    );
+}

@@ -492,8 +492,14 @@ async fn deferral_sql_agrees_with_the_state_machine() {
             claimed[0].id,
             claimed[0].lease_token,
             Duration::from_secs(30),
+            false,
         ),
-        (claimed[1].id, uuid::Uuid::nil(), Duration::from_secs(30)),
+        (
+            claimed[1].id,
+            uuid::Uuid::nil(),
+            Duration::from_secs(30),
+            false,
+        ),
     ];
     let deferred = claim::defer(&c, &rows).await.unwrap();
     assert_eq!(deferred, vec![claimed[0].id]);
