@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 
 use super::auth::Signed;
-use super::{Failure, MAX_ACTION_ROWS, Shared, client, field, layout, pairs, quoted};
+use super::{Failure, MAX_ACTION_ROWS, Shared, bad, client, field, layout, pairs, quoted};
 use crate::ops::{Checkpoint, CheckpointError, ReplayError, ReplaySelection, Target};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,10 +71,6 @@ enum From {
     Message,
     /// `/messages`: ticked rows only (its filter spans every state).
     Messages,
-}
-
-fn bad(m: &str) -> Failure {
-    Failure::BadRequest(format!("{m}; nothing changed"))
 }
 
 /// A bad filter or id in an action's form: the page's message, and that nothing changed.

@@ -15,7 +15,7 @@ use maud::{Markup, html};
 
 use super::auth::Signed;
 use super::time::Clock;
-use super::{Failure, Shared, client, field, layout, pairs, quoted};
+use super::{Failure, Shared, bad, client, field, layout, pairs, quoted};
 use crate::model::Channel;
 use crate::ops::{ChannelPause, ChannelPauseError};
 
@@ -141,10 +141,6 @@ impl Verb {
             Verb::Resume => "resume",
         }
     }
-}
-
-fn bad(m: &str) -> Failure {
-    Failure::BadRequest(format!("{m}; nothing changed"))
 }
 
 pub(crate) async fn post(

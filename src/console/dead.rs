@@ -7,8 +7,8 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 
 use super::auth::Signed;
-use super::{Failure, PAGE_SIZE, Shared, client, field, layout, pairs, quoted};
-use crate::model::{Channel, ErrorClass};
+use super::{Failure, PAGE_SIZE, Shared, channel_field, client, field, layout, pairs, quoted};
+use crate::model::ErrorClass;
 use crate::ops::DeadFilter;
 
 /// The listing's query: the filter and the page (1-based).
@@ -20,16 +20,7 @@ pub(crate) struct DeadQuery {
 /// Reads `channel`, `class`, `since` (a duration: `90s`, `15m`, `24h`, `7d`) and `page`;
 /// empty values are absent, anything else unknown is a one-line 400.
 pub(crate) fn parse_filter(q: &[(String, String)]) -> Result<DeadQuery, Failure> {
-    let channel = field(q, "channel")
-        .map(|c| {
-            Channel::parse(c).ok_or_else(|| {
-                Failure::BadRequest(format!(
-                    "unknown channel {} (webhook, http or email)",
-                    quoted(c)
-                ))
-            })
-        })
-        .transpose()?;
+    let channel = channel_field(q)?;
     let error_class = field(q, "class")
         .map(|c| {
             ErrorClass::parse(c).ok_or_else(|| {

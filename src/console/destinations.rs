@@ -21,7 +21,7 @@ use maud::{Markup, html};
 
 use super::auth::Signed;
 use super::time::Clock;
-use super::{Failure, Shared, client, field, layout, pairs, quoted};
+use super::{Failure, Shared, bad, client, field, layout, pairs, quoted};
 use crate::ops::{DestinationWaiting, PauseError, WAITING_CAP};
 
 /// Most destinations the listing shows.
@@ -348,10 +348,6 @@ impl Verb {
             Verb::Close => "close",
         }
     }
-}
-
-fn bad(m: &str) -> Failure {
-    Failure::BadRequest(format!("{m}; nothing changed"))
 }
 
 pub(crate) async fn post(

@@ -7,22 +7,12 @@ use maud::html;
 
 use super::auth::Signed;
 use super::dead::{parse_page, parse_since, with_query};
-use super::{Failure, PAGE_SIZE, Shared, client, field, layout, pairs, quoted};
-use crate::model::Channel;
+use super::{Failure, PAGE_SIZE, Shared, channel_field, client, layout, pairs};
 use crate::ops::HeldFilter;
 
 /// Reads `channel` and `since`; empty values are absent.
 pub(crate) fn parse_filter(q: &[(String, String)]) -> Result<HeldFilter, Failure> {
-    let channel = field(q, "channel")
-        .map(|c| {
-            Channel::parse(c).ok_or_else(|| {
-                Failure::BadRequest(format!(
-                    "unknown channel {} (webhook, http or email)",
-                    quoted(c)
-                ))
-            })
-        })
-        .transpose()?;
+    let channel = channel_field(q)?;
     Ok(HeldFilter {
         channel,
         since: parse_since(q)?,

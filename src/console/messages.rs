@@ -13,8 +13,8 @@ use maud::{Markup, html};
 use super::auth::Signed;
 use super::dead::{parse_since, with_query};
 use super::time::Clock;
-use super::{Failure, PAGE_SIZE, Shared, client, field, layout, pairs, quoted};
-use crate::model::{Channel, State as MessageState};
+use super::{Failure, PAGE_SIZE, Shared, channel_field, client, field, layout, pairs, quoted};
+use crate::model::State as MessageState;
 use crate::ops::{Cursor, ListedMessage, MessageFilter};
 
 /// The count of matching messages stops here ("more than 10000 match").
@@ -92,16 +92,7 @@ pub(crate) fn parse_filter(q: &[(String, String)]) -> Result<MessagesQuery, Fail
             })
         })
         .transpose()?;
-    let channel = field(q, "channel")
-        .map(|c| {
-            Channel::parse(c).ok_or_else(|| {
-                Failure::BadRequest(format!(
-                    "unknown channel {} (webhook, http or email)",
-                    quoted(c)
-                ))
-            })
-        })
-        .transpose()?;
+    let channel = channel_field(q)?;
     let filter = MessageFilter {
         state,
         channel,

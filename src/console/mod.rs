@@ -445,6 +445,27 @@ pub(crate) fn pairs(raw: &[u8]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The `channel` of a query or form, when given: one of the channels, else a one-line 400.
+pub(crate) fn channel_field(
+    q: &[(String, String)],
+) -> Result<Option<crate::model::Channel>, Failure> {
+    field(q, "channel")
+        .map(|c| {
+            crate::model::Channel::parse(c).ok_or_else(|| {
+                Failure::BadRequest(format!(
+                    "unknown channel {} (webhook, http or email)",
+                    quoted(c)
+                ))
+            })
+        })
+        .transpose()
+}
+
+/// An action refused before it changed anything: a one-line 400 that says so.
+pub(crate) fn bad(m: &str) -> Failure {
+    Failure::BadRequest(format!("{m}; nothing changed"))
+}
+
 /// The first value of `name` among `pairs`, empty values as absent.
 pub(crate) fn field<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
     pairs
